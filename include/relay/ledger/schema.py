@@ -1,0 +1,216 @@
+"""The ledger's tables (SQLAlchemy Core) and their versioned migrations, for SQLite and PostgreSQL.
+
+The ledger is the durable truth of a pipeline: Spark checkpoints are per-instance caches. Every
+migration is a function applied once, in order; the applied version is kept in ``relay_schema``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    select,
+)
+from sqlalchemy.engine import Connection
+
+metadata = MetaData()
+
+# BigInteger primary keys autoincrement on PostgreSQL; SQLite needs INTEGER for its rowid alias.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+schema_version = Table("relay_schema", metadata, Column("version", Integer, nullable=False))
+
+pipelines = Table(
+    "pipelines",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("epoch_seq", BigInteger, nullable=False, default=0),
+    Column("message_count", BigInteger, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+)
+
+instances = Table(
+    "instances",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), ForeignKey("pipelines.name"), nullable=False),
+    Column("version", String(100), nullable=False),
+    Column("color", String(10), nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("checkpoint_dir", Text, nullable=False),
+    Column("current_epoch", BigInteger, nullable=False, default=0),
+    Column("stop_requested", Boolean, nullable=False, default=False),
+    Column("submission_id", String(200)),
+    Column("app_name", String(200), nullable=False),
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+Index("ix_instances_pipeline_state", instances.c.pipeline, instances.c.state)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("instance_id", BigInteger, ForeignKey("instances.id"), nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("app_id", String(200)),
+    Column("host", String(200)),
+    Column("pid", Integer),
+    Column("started_at", Float, nullable=False),
+    Column("heartbeat_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("error", Text),
+    UniqueConstraint("epoch", "instance_id", name="uq_attempts_epoch"),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("instance_id", BigInteger, ForeignKey("instances.id"), nullable=False),
+    Column("topic", String(249), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("start_offset", BigInteger, nullable=False),
+    Column("end_offset", BigInteger),  # NULL = open-ended
+    Column("next_offset", BigInteger, nullable=False),
+    Column("opened_at", Float, nullable=False),
+    Column("closed_at", Float),
+)
+Index("ix_leases_instance", leases.c.instance_id)
+Index("ix_leases_tp", leases.c.pipeline, leases.c.topic, leases.c.partition)
+
+gaps = Table(
+    "gaps",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("topic", String(249), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("start_offset", BigInteger, nullable=False),
+    Column("end_offset", BigInteger, nullable=False),
+    Column("kind", String(20), nullable=False),  # lost (retention) | skipped (on purpose)
+    Column("reason", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("instance_id", BigInteger, nullable=False),
+    Column("attempt_id", BigInteger, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("rows_read", Integer, nullable=False),
+    Column("rows_applied", Integer, nullable=False),
+    Column("rows_skipped", Integer, nullable=False),
+    Column("dead_letters", Integer, nullable=False),
+    Column("ranges", JSON, nullable=False),  # [{topic, partition, from, to}] cursor moves
+    Column("started_at", Float, nullable=False),
+    Column("committed_at", Float, nullable=False),
+    Column("duration_ms", Float, nullable=False),
+    Column("commit_ms", Float, nullable=False),
+)
+Index("ix_batches_instance", batches.c.instance_id, batches.c.batch_id)
+Index("ix_batches_pipeline_time", batches.c.pipeline, batches.c.committed_at)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("instance_id", BigInteger, nullable=False),
+    Column("topic", String(249), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("key", LargeBinary),
+    Column("value", LargeBinary),
+    Column("error", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# The reference job's sink: one row per application (no unique key on purpose, so that the audit
+# can see a record applied twice; a production sink would upsert on (topic, partition, offset)).
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("topic", String(249), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("key", Text),
+    Column("value", Text),
+    Column("instance_id", BigInteger, nullable=False),
+    Column("version", String(100), nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+)
+Index("ix_messages_tp", messages.c.pipeline, messages.c.topic, messages.c.partition, messages.c.offset)
+
+reports = Table(
+    "reports",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("kind", String(40), nullable=False),  # health | upgrade | recovery
+    Column("status", String(20), nullable=False),
+    Column("body", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_reports_pipeline_kind", reports.c.pipeline, reports.c.kind, reports.c.created_at)
+
+operations = Table(
+    "operations",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("kind", String(40), nullable=False),  # upgrade | recovery
+    Column("state", String(30), nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("history", JSON, nullable=False),  # [{state, at}]
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+
+def _v1(conn: Connection) -> None:
+    metadata.create_all(conn)
+
+
+# Append new migrations; never edit an applied one.
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: Connection) -> int:
+    """Bring the schema to SCHEMA_VERSION; return the version found before."""
+    schema_version.create(conn, checkfirst=True)
+    found = conn.execute(select(schema_version.c.version)).scalar()
+    current = found or 0
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[version - 1](conn)
+    if found is None:
+        conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
+    elif current < SCHEMA_VERSION:
+        conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
+    return current

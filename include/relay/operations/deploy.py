@@ -1,0 +1,85 @@
+"""Deploy: start the pipeline if nothing of it runs, from the ledger's safe point."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from relay.config import RelayConfig
+from relay.errors import ConfigError, OperationError
+from relay.kafka_offsets import KafkaOffsets
+from relay.launcher import app_name, launch, wait_until_active
+from relay.ledger import schema as s
+from relay.ledger.models import Color, Instance, InstanceState
+from relay.ledger.store import Ledger
+from relay.operations.inventory import take_inventory
+
+Progress = Callable[[str], None]
+STARTING_POSITIONS = ("earliest", "latest")
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def create_instance(config: RelayConfig, ledger: Ledger, version: str, color: Color,
+                    starting: str = "earliest", require_no_live: bool = True) -> tuple[Instance, list[dict]]:
+    """Create an instance holding every unfinished range of the pipeline (or the starting position).
+
+    One transaction, which also re-checks that no other instance is live (two deploys racing start one).
+    """
+    if starting not in STARTING_POSITIONS:
+        raise ConfigError(f"starting position must be one of {STARTING_POSITIONS}, got {starting!r}")
+    with KafkaOffsets(config.kafka_bootstrap) as kafka:
+        kafka.ensure_topic(config.topic, config.partitions)
+        initial = kafka.earliest(config.topic) if starting == "earliest" else kafka.latest(config.topic)
+    with ledger.tx() as conn:
+        ledger.ensure_pipeline(config.pipeline, conn)
+        conn.execute(s.pipelines.select().where(s.pipelines.c.name == config.pipeline).with_for_update())
+        live = ledger.instances(config.pipeline, live_only=True, conn=conn)
+        if require_no_live and live:
+            raise OperationError(f"pipeline {config.pipeline} is already running: instance {live[0].id}")
+        inst = ledger.create_instance(conn, config.pipeline, version, color, "", "")
+        ckpt = config.checkpoints_dir / f"instance-{inst.id}"
+        ledger.set_instance(inst.id, conn, checkpoint_dir=str(ckpt), app_name=app_name(config.pipeline, inst.id))
+        first_start = not ledger.pipeline_leases(config.pipeline, conn)
+        taken = ledger.take_over(conn, config.pipeline, inst)
+        if first_start:
+            for partition, offset in sorted(initial.items()):
+                taken.append(ledger.open_lease(conn, inst, config.topic, partition, offset))
+        inst = ledger.instance(inst.id, conn)
+    return inst, [lease.to_json() for lease in taken]
+
+
+def launch_or_fail(config: RelayConfig, ledger: Ledger, inst: Instance, local: bool,
+                   extra_args: list[str] | None = None) -> str:
+    """Launch; an instance whose driver could not even be submitted is FAILED at once, not left STARTING."""
+    try:
+        return launch(config, ledger, inst, local=local, extra_args=extra_args)
+    except Exception as exc:
+        ledger.set_instance(inst.id, state=InstanceState.FAILED, error=f"launch failed: {exc}")
+        raise
+
+
+def deploy(config: RelayConfig, version: str = "v1", local: bool = False, starting: str = "earliest",
+           wait_s: float = 300.0, progress: Progress = _noop, extra_args: list[str] | None = None) -> dict:
+    """Start the pipeline unless something of it runs (ledger AND master agree); wait for its first commit."""
+    t0 = time.time()
+    ledger = Ledger(config.ledger_url)
+    inv = take_inventory(config, ledger)
+    if inv.live or inv.apps:
+        raise OperationError(f"pipeline {config.pipeline} is already running: {inv.describe()}. "
+                             "Nothing was started (stop it first, or upgrade it).")
+    if inv.master_error and not local:
+        raise OperationError(f"cannot check the Spark master: {inv.master_error}")
+    last = ledger.instances(config.pipeline)
+    color = last[-1].color if last else Color.BLUE
+    inst, leases = create_instance(config, ledger, version, color, starting)
+    progress(f"instance {inst.id} ({version}, {color.value}) holds {len(leases)} lease(s); starting its driver")
+    submission = launch_or_fail(config, ledger, inst, local=local, extra_args=extra_args)
+    progress(f"driver {submission} submitted; waiting for the first commit")
+    first = wait_until_active(config, ledger, inst.id, wait_s, progress)
+    progress(f"instance {inst.id} is {first.state} after {first.seconds:.1f}s")
+    return {"pipeline": config.pipeline, "instance_id": inst.id, "version": version, "color": color.value,
+            "submission_id": submission, "leases": leases, "first_commit_s": round(first.seconds, 2),
+            "total_s": round(time.time() - t0, 2)}

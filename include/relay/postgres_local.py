@@ -1,0 +1,250 @@
+"""A throwaway PostgreSQL cluster under the data dir, from Debian's PostgreSQL binaries.
+
+Used for the ledger's PostgreSQL tests and an optional part of the local stack. PostgreSQL refuses to
+run as root, so as root every binary runs as the ``postgres`` OS user (``subprocess`` ``user=``) and
+the cluster's folder is handed to that user. It listens on 127.0.0.1 only, with its socket in the
+data dir (never /tmp).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from relay.errors import StackError
+
+DATABASE = "relay"
+USER = "relay"
+PASSWORD = "relay"  # a loopback-only throwaway cluster, not a secret
+
+
+def find_bin_dir() -> Path:
+    """The newest ``/usr/lib/postgresql/<v>/bin`` holding initdb and pg_ctl."""
+    candidates = [Path(p).parent for p in glob.glob("/usr/lib/postgresql/*/bin/initdb")]
+    candidates = [c for c in candidates if (c / "pg_ctl").exists()]
+    if not candidates:
+        raise StackError(
+            "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin: "
+            "install them (apt-get install -y postgresql, or run scripts/setup.sh)"
+        )
+    return max(candidates, key=lambda c: int(c.parent.name) if c.parent.name.isdigit() else 0)
+
+
+class LocalPostgres:
+    """initdb once, start/stop with pg_ctl; the cluster lives in ``<data_dir>/postgres``."""
+
+    def __init__(self, data_dir: Path | str, port: int, host: str = "127.0.0.1") -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.host = host
+        self.root = self.data_dir / "postgres"
+        self.pgdata = self.root / "data"
+        self.socket_dir = self.root / "run"
+        self.log_file = self.data_dir / "logs" / "postgres.log"
+
+    @property
+    def url(self) -> str:
+        """SQLAlchemy URL of the ``relay`` database."""
+        return f"postgresql+psycopg2://{USER}:{PASSWORD}@{self.host}:{self.port}/{DATABASE}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _run_kwargs(self) -> dict[str, Any]:
+        """As root, run as the ``postgres`` user (initdb and postgres refuse root)."""
+        if os.geteuid() != 0:
+            return {}
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError as exc:
+            raise StackError("running as root but no 'postgres' OS user exists to run PostgreSQL") from exc
+        return {"user": "postgres", "group": "postgres"}
+
+    def _run(self, args: list[str], what: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        try:
+            done = subprocess.run(
+                args,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+                **self._run_kwargs(),
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StackError(f"PostgreSQL {what} at {self.address} failed: {exc}") from exc
+        if done.returncode != 0:
+            raise StackError(
+                f"PostgreSQL {what} at {self.address} failed (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-800:]}"
+            )
+        return done
+
+    def _prepare_dirs(self) -> None:
+        for d in (self.root, self.socket_dir, self.log_file.parent):
+            d.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            # the postgres user must reach its folder: let others traverse (not list) the data dir
+            mode = self.data_dir.stat().st_mode
+            if not mode & 0o001:
+                self.data_dir.chmod(mode | 0o011)
+            for d in (self.root, self.socket_dir):
+                shutil.chown(d, "postgres", "postgres")
+            if not self.log_file.exists():
+                self.log_file.touch()
+            shutil.chown(self.log_file, "postgres", "postgres")
+
+    def initialized(self) -> bool:
+        return (self.pgdata / "PG_VERSION").exists()
+
+    def init(self) -> None:
+        """initdb with a password for TCP and trust on the private socket; idempotent."""
+        self._prepare_dirs()
+        if self.initialized():
+            return
+        bin_dir = find_bin_dir()
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(PASSWORD + "\n")
+        if os.geteuid() == 0:
+            shutil.chown(pwfile, "postgres", "postgres")
+        try:
+            self._run(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(self.pgdata),
+                    "-U",
+                    USER,
+                    f"--pwfile={pwfile}",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ],
+                "initdb",
+                timeout=120,
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
+
+    def pid(self) -> int | None:
+        """The postmaster's PID from ``postmaster.pid``, or None when not running."""
+        try:
+            first = (self.pgdata / "postmaster.pid").read_text().splitlines()[0]
+            pid = int(first)
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        return pid
+
+    def healthy(self) -> bool:
+        """True when the server accepts TCP connections on its port (pg_isready)."""
+        if self.pid() is None:
+            return False
+        done = subprocess.run(  # noqa: PLW1510 - the exit code is the answer
+            [str(find_bin_dir() / "pg_isready"), "-h", self.host, "-p", str(self.port), "-t", "2"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return done.returncode == 0
+
+    def start(self, timeout_s: float = 60) -> str:
+        """Start (initdb first if needed), create the ``relay`` database; return its URL."""
+        self.init()
+        if not self.healthy():
+            if _port_taken(self.host, self.port):
+                raise StackError(f"PostgreSQL port {self.host}:{self.port} is already in use")
+            opts = f"-h {self.host} -p {self.port} -k {self.socket_dir} -c listen_addresses={self.host}"
+            self._run(
+                [
+                    str(find_bin_dir() / "pg_ctl"),
+                    "start",
+                    "-D",
+                    str(self.pgdata),
+                    "-l",
+                    str(self.log_file),
+                    "-w",
+                    "-t",
+                    str(int(timeout_s)),
+                    "-o",
+                    opts,
+                ],
+                "start",
+                timeout=timeout_s + 10,
+            )
+        self._wait_healthy(timeout_s)
+        self._create_database()
+        return self.url
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.healthy():
+                return
+            time.sleep(0.2)
+        raise StackError(f"PostgreSQL at {self.address} not ready after {timeout_s}s, see {self.log_file}")
+
+    def _create_database(self) -> None:
+        psql = [
+            str(find_bin_dir() / "psql"),
+            "-h",
+            str(self.socket_dir),
+            "-p",
+            str(self.port),
+            "-U",
+            USER,
+            "-d",
+            "postgres",
+            "-tAc",
+        ]
+        exists = self._run([*psql, f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"], "check db")
+        if exists.stdout.strip() != "1":
+            self._run([*psql, f"CREATE DATABASE {DATABASE}"], "create database")
+
+    def stop(self, timeout_s: float = 30) -> bool:
+        """Fast shutdown (rolls back open transactions); True when it was running."""
+        if self.pid() is None:
+            return False
+        self._run(
+            [
+                str(find_bin_dir() / "pg_ctl"),
+                "stop",
+                "-D",
+                str(self.pgdata),
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                str(int(timeout_s)),
+            ],
+            "stop",
+            timeout=timeout_s + 10,
+        )
+        return True
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """True when something already listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False

@@ -1,0 +1,36 @@
+"""The bridge from Airflow connections to Relay's configuration, read once at the task edge."""
+
+from __future__ import annotations
+
+from airflow.sdk.exceptions import AirflowNotFoundException
+from relay.config import RelayConfig, load_config
+
+from relay_airflow.hooks.kafka_offsets import KafkaOffsetsHook
+from relay_airflow.hooks.ledger import LedgerHook
+from relay_airflow.hooks.spark_standalone import SparkStandaloneHook
+
+
+def relay_config_from_connections(base: RelayConfig | None = None) -> RelayConfig:
+    """``load_config()`` (RELAY_* variables) overridden by the ``relay_*`` connections that exist.
+
+    Why: in a real deployment the addresses of Spark, Kafka and the ledger are Airflow connections
+    (managed, secrets masked); the embedded stack defines them as AIRFLOW_CONN_* variables. A missing
+    connection keeps the value of the configuration.
+    """
+    config = base or load_config()
+    changes: dict[str, object] = {}
+    try:
+        urls = SparkStandaloneHook().urls()
+        changes.update(spark_master_ui_url=urls["master_ui_url"], spark_rest_url=urls["rest_url"],
+                       spark_master_url=urls["master_url"])
+    except AirflowNotFoundException:
+        pass
+    try:
+        changes["kafka_bootstrap"] = KafkaOffsetsHook().bootstrap_servers()
+    except AirflowNotFoundException:
+        pass
+    try:
+        changes["ledger_url"] = LedgerHook().sqlalchemy_url()
+    except AirflowNotFoundException:
+        pass
+    return config.with_(**changes) if changes else config

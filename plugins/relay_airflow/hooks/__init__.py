@@ -1,0 +1,1 @@
+"""Hooks: each builds one library client from one Airflow connection."""

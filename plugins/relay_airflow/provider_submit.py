@@ -1,0 +1,70 @@
+"""Alternative launcher path: submit a driver through apache-airflow-providers-apache-spark.
+
+What the provider's ``SparkSubmitHook`` can and cannot do here (read in its source, 6.3.4):
+
+- It only runs the ``spark-submit`` binary (a JVM, ~9 s) and scrapes ``driver-...`` from its log;
+  it has no REST client of its own (status and kill shell out to ``/usr/bin/curl``).
+- ``spark-submit --deploy-mode cluster app.py`` is refused on standalone for Python; the provider
+  passes the application through, so the trick is ``java_class=org.apache.spark.deploy.PythonRunner``
+  with ``application`` = any jar of ``pyspark/jars`` and ``application_args=[app.py, "", args...]``.
+- ``env_vars`` raise in standalone cluster mode: the driver's environment goes in
+  ``spark.driverEnv.*`` properties, which :func:`relay.spark_rest.driver_properties` already sets.
+- With ``spark.master.rest.enabled=true`` and the connection's port = the REST port, spark-submit
+  uses the REST submission server; ``submit()`` returns the driver id and leaves the driver running
+  (``spark.standalone.submit.waitAppCompletion`` is false by default).
+
+So it works, but it costs a JVM per submission and log scraping; the library's
+:class:`relay.spark_rest.SparkStandaloneClient` posts the same CreateSubmissionRequest directly. This
+module is kept as an option for deployments that standardise on the provider's ``spark`` connection.
+"""
+
+from __future__ import annotations
+
+import os
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from relay.artifacts import artifact, build_artifact
+from relay.config import RelayConfig
+from relay.errors import SparkError
+from relay.launcher import driver_args
+from relay.ledger.models import Instance
+from relay.ledger.store import Ledger
+from relay.spark_rest import PYTHON_RUNNER, driver_properties
+from relay.stack import spark_home
+
+SUBMIT_CONN_ID = "relay_spark_submit"
+
+
+def carrier_jar() -> str:
+    """Any jar satisfies spark-submit's "not a .py file" check; PythonRunner runs the script."""
+    jars = sorted((spark_home() / "jars").glob("spark-core_*.jar"))
+    if not jars:
+        raise SparkError(f"no spark-core jar in {spark_home() / 'jars'}")
+    return str(jars[0])
+
+
+def submit_with_provider(config: RelayConfig, ledger: Ledger, instance: Instance,
+                         conn_id: str = SUBMIT_CONN_ID) -> str:
+    """Submit the instance's driver (cluster mode, supervised) with SparkSubmitHook; record its id.
+
+    Same contract and same artifact (frozen job file + code zip of the version) as
+    :func:`relay.launcher.launch`; returns the submission (driver) id.
+    """
+    art = artifact(config, instance.version)
+    if not art.exists():
+        build_artifact(config, instance.version)
+    code = str(art.zip_file)
+    props = driver_properties(config, instance.app_name, supervise=True, py_files=[code], extra={
+        "spark.driverEnv.PYTHONPATH": code, "spark.executorEnv.PYTHONPATH": code})
+    props.pop("spark.master")  # the connection decides the master URL
+    props["spark.master.rest.enabled"] = "true"
+    args = [str(art.job_file), props["spark.submit.pyFiles"], *driver_args(config, instance, True)]
+    hook = SparkSubmitHook(conf=props, conn_id=conn_id, java_class=PYTHON_RUNNER, name=instance.app_name,
+                           application_args=args, deploy_mode="cluster", spark_binary="spark-submit")
+    tmp = config.spark_dir / "tmp"
+    env = {**os.environ, "SPARK_LOCAL_IP": config.host, "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={tmp}"}
+    driver_id = hook.submit(carrier_jar(), env=env)
+    if not driver_id:
+        raise SparkError("spark-submit finished without reporting a driver id")
+    ledger.set_instance(instance.id, submission_id=driver_id)
+    return driver_id

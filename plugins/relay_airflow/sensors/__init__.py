@@ -1,0 +1,1 @@
+"""Sensors that wait on the ledger without holding a worker slot (reschedule mode)."""

@@ -1,0 +1,546 @@
+"""A Spark Structured Streaming source for Kafka written with Spark's Python Data Source API.
+
+Why it exists: the pyspark wheel ships no ``spark-sql-kafka`` jar and Maven Central is out of reach
+(see PLATFORM.md), so Relay reads Kafka through kafka-python. The source mimics Spark's own Kafka
+source where users can see it -- schema, option names, the offset JSON stored in the checkpoint
+(``{"topic": {"0": next_offset}}``), ``maxOffsetsPerTrigger`` splitting and ``failOnDataLoss`` -- so a
+job can switch to the JVM connector where its jar exists without touching checkpoints or sinks.
+
+Register it with :func:`register` and read with ``spark.readStream.format("relaykafka")``.
+
+Where the code runs: ``initialOffset``/``latestOffset``/``partitions``/``commit`` run in one long-lived
+Python process the driver JVM starts (the "planner"); ``read`` runs in executor Python workers from a
+pickled copy of the reader. The planner keeps one lazily created consumer for metadata and offsets;
+each ``read`` opens and closes its own consumer (no group, no auto commit: Spark's checkpoint, and
+Relay's ledger, own the positions).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+from relay.errors import ConfigError, DataLossError, KafkaError
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "relaykafka"
+
+#: Spark's own Kafka source schema (KafkaRecordToRowConverter.kafkaSchema), all fields nullable.
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+)
+
+#: Offsets as Spark's Kafka source stores them: topic -> partition (as a string) -> next offset.
+OffsetJson = dict[str, dict[str, int]]
+#: The same, keyed by (topic, partition) for arithmetic.
+PartitionOffsets = dict[tuple[str, int], int]
+
+_EARLIEST, _LATEST = -2, -1  # Spark's sentinels inside a startingOffsets JSON
+_ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch yielded by read(): bounded memory, few JVM round trips
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """The validated options. Frozen and picklable: it travels to executors inside the reader."""
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    starting_offsets: str = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    poll_timeout_ms: int = 10_000
+    isolation_level: str = "read_uncommitted"
+    check_crcs: bool = True
+    ledger_url: str | None = None
+    instance_id: int | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SourceSettings:
+        """Validate Spark's option map; keys arrive lower-cased, so every lookup ignores case."""
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+
+        def req(key: str) -> str:
+            value = opts.get(key.lower(), "").strip()
+            if not value:
+                raise ConfigError(f"{SOURCE_NAME} source: option '{key}' is required")
+            return value
+
+        def as_int(key: str, default: int | None, minimum: int) -> int | None:
+            raw = opts.get(key.lower())
+            if raw is None or raw.strip() == "":
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(
+                    f"{SOURCE_NAME} source: option '{key}' must be an integer, got {raw!r}"
+                ) from None
+            if value < minimum:
+                raise ConfigError(f"{SOURCE_NAME} source: option '{key}' must be >= {minimum}, got {value}")
+            return value
+
+        def as_bool(key: str, default: bool) -> bool:
+            raw = opts.get(key.lower())
+            if raw is None:
+                return default
+            if raw.strip().lower() in ("true", "false"):
+                return raw.strip().lower() == "true"
+            raise ConfigError(f"{SOURCE_NAME} source: option '{key}' must be true or false, got {raw!r}")
+
+        topics = tuple(dict.fromkeys(t.strip() for t in req("subscribe").split(",") if t.strip()))
+        if not topics:
+            raise ConfigError(f"{SOURCE_NAME} source: option 'subscribe' names no topic")
+        isolation = opts.get("kafka.isolation.level", "read_uncommitted").strip()
+        if isolation not in ("read_uncommitted", "read_committed"):
+            raise ConfigError(
+                f"{SOURCE_NAME} source: kafka.isolation.level must be read_uncommitted or read_committed"
+            )
+        ledger_url = opts.get("relay.ledgerurl") or None
+        instance_id = as_int("relay.instanceId", None, 0)
+        if (ledger_url is None) != (instance_id is None):
+            raise ConfigError(
+                f"{SOURCE_NAME} source: set both relay.ledgerUrl and relay.instanceId, or neither"
+            )
+        settings = cls(
+            bootstrap_servers=req("kafka.bootstrap.servers"),
+            topics=topics,
+            starting_offsets=opts.get("startingoffsets", "latest").strip(),
+            max_offsets_per_trigger=as_int("maxOffsetsPerTrigger", None, 1),
+            fail_on_data_loss=as_bool("failOnDataLoss", True),
+            poll_timeout_ms=as_int("pollTimeoutMs", 10_000, 1) or 10_000,
+            isolation_level=isolation,
+            check_crcs=as_bool("kafka.check.crcs", True),
+            ledger_url=ledger_url,
+            instance_id=instance_id,
+        )
+        parse_starting_offsets(settings.starting_offsets, settings.topics)  # fail at definition time
+        return settings
+
+    def consumer_config(self, client_id: str) -> dict[str, Any]:
+        """Consumer settings shared by planner and readers: no group, no commits, never auto-reset.
+
+        ``auto_offset_reset='none'`` matters: with 'earliest' kafka-python silently skips deleted
+        records (PLATFORM.md), which would turn data loss into a quiet success.
+        """
+        return {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "client_id": client_id,
+            "group_id": None,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "none",
+            "isolation_level": self.isolation_level,
+            "check_crcs": self.check_crcs,
+        }
+
+
+def parse_starting_offsets(value: str, topics: tuple[str, ...]) -> str | PartitionOffsets:
+    """Return 'earliest', 'latest' or the explicit offsets of a Spark-style JSON."""
+    lowered = value.lower()
+    if lowered in ("earliest", "latest"):
+        return lowered
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        raise ConfigError(
+            f"{SOURCE_NAME} source: startingOffsets must be earliest, latest or JSON like "
+            f'{{"topic":{{"0":23}}}}, got {value!r}'
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{SOURCE_NAME} source: startingOffsets JSON must be an object, got {value!r}")
+    unknown = sorted(set(parsed) - set(topics))
+    if unknown:
+        raise ConfigError(f"{SOURCE_NAME} source: startingOffsets names topics not subscribed: {unknown}")
+    try:
+        return {(t, int(p)): int(o) for t, parts in parsed.items() for p, o in parts.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigError(
+            f"{SOURCE_NAME} source: startingOffsets JSON must map topic -> partition -> offset"
+        ) from None
+
+
+def to_offset_json(offsets: PartitionOffsets) -> OffsetJson:
+    """Spark's Kafka offset JSON, in a stable order so equal offsets serialise to equal strings."""
+    out: OffsetJson = {}
+    for topic, partition in sorted(offsets):
+        out.setdefault(topic, {})[str(partition)] = int(offsets[(topic, partition)])
+    return out
+
+
+def from_offset_json(offsets: Mapping[str, Mapping[str, int]]) -> PartitionOffsets:
+    """Inverse of :func:`to_offset_json`."""
+    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
+
+
+def rate_limit(start: PartitionOffsets, until: PartitionOffsets, limit: int) -> PartitionOffsets:
+    """Split ``limit`` offsets across partitions proportionally to their backlog.
+
+    Follows Spark's ``KafkaMicroBatchStream.rateLimit`` (floor of each prorated share, a share below
+    one rounded up so no partition starves), with one correction: Spark's round-up can exceed the
+    limit; here the excess is taken back from the largest shares, so the total never exceeds
+    ``limit`` as long as ``limit`` >= the number of partitions with a backlog.
+    """
+    sizes = {tp: end - start[tp] for tp, end in until.items() if tp in start and end - start[tp] > 0}
+    total = sum(sizes.values())
+    if total <= limit:
+        return dict(until)
+    shares: dict[tuple[str, int], int] = {}
+    for tp, size in sizes.items():
+        prorate = limit * (size / total)
+        shares[tp] = min(size, math.ceil(prorate) if prorate < 1 else math.floor(prorate))
+    excess = sum(shares.values()) - limit
+    for tp in sorted(shares, key=lambda k: (-shares[k], k)):
+        if excess <= 0:
+            break
+        take = min(excess, shares[tp] - 1)
+        shares[tp] -= take
+        excess -= take
+    result = dict(until)
+    for tp, share in shares.items():
+        result[tp] = start[tp] + share
+    return result
+
+
+class KafkaInputPartition(InputPartition):
+    """One Spark task: the half-open offset range [start, end) of one Kafka partition (small, picklable)."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KafkaInputPartition) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("relaykafka")``: Kafka through kafka-python, Spark's Kafka schema."""
+
+    @classmethod
+    def name(cls) -> str:
+        """'kafka' is taken by Spark's (absent) JVM connector, hence a name of our own."""
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        """Spark's Kafka source schema, so sinks written for the JVM connector work unchanged."""
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        """Validate options here so a bad option fails when the query starts, not in a task."""
+        return KafkaStreamReader(SourceSettings.from_options(self.options))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches from Kafka offsets and reads them; see the module docstring."""
+
+    def __init__(self, settings: SourceSettings) -> None:
+        self.settings = settings
+        self._consumer: Any = None  # created lazily in the planner: never in __init__, never pickled
+        self._available_now_end: PartitionOffsets | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The reader is pickled to executors for read(); a live consumer must not travel along."""
+        state = self.__dict__.copy()
+        state["_consumer"] = None
+        return state
+
+    # -- planner side -------------------------------------------------------------------------------
+
+    def _planner_consumer(self) -> Any:
+        """The one long-lived consumer of the planner process: metadata and offset look-ups only."""
+        if self._consumer is None:
+            from kafka import KafkaConsumer
+            from kafka.errors import KafkaError as VendorKafkaError
+
+            try:
+                self._consumer = KafkaConsumer(**self.settings.consumer_config("relay-kafka-source-planner"))
+            except VendorKafkaError as exc:
+                raise KafkaError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
+        return self._consumer
+
+    def _topic_partitions(self) -> list[Any]:
+        """Current partitions of the subscribed topics; refreshes metadata so new partitions show up."""
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError as VendorKafkaError
+
+        consumer = self._planner_consumer()
+        try:
+            consumer.topics()  # forces a metadata refresh; partitions_for_topic alone serves a cache
+            tps = [
+                TopicPartition(topic, p)
+                for topic in self.settings.topics
+                for p in sorted(consumer.partitions_for_topic(topic) or ())
+            ]
+        except VendorKafkaError as exc:
+            raise KafkaError(f"cannot read Kafka metadata for {list(self.settings.topics)}: {exc}") from exc
+        return tps
+
+    def _offsets(self, tps: list[Any]) -> tuple[PartitionOffsets, PartitionOffsets]:
+        """(earliest, latest) offsets of ``tps``."""
+        from kafka.errors import KafkaError as VendorKafkaError
+
+        if not tps:
+            return {}, {}
+        consumer = self._planner_consumer()
+        try:
+            earliest = consumer.beginning_offsets(tps)
+            latest = consumer.end_offsets(tps)
+        except VendorKafkaError as exc:
+            raise KafkaError(f"cannot read offsets of {len(tps)} Kafka partition(s): {exc}") from exc
+        return (
+            {(tp.topic, tp.partition): int(o) for tp, o in earliest.items()},
+            {(tp.topic, tp.partition): int(o) for tp, o in latest.items()},
+        )
+
+    def initialOffset(self) -> OffsetJson:
+        """Resolve startingOffsets against the broker; partitions the JSON omits start at earliest."""
+        earliest, latest = self._offsets(self._topic_partitions())
+        spec = parse_starting_offsets(self.settings.starting_offsets, self.settings.topics)
+        if spec == "earliest":
+            return to_offset_json(earliest)
+        if spec == "latest":
+            return to_offset_json(latest)
+        if not isinstance(spec, dict):  # pragma: no cover - parse_starting_offsets returns one of three
+            raise ConfigError(f"{SOURCE_NAME} source: bad startingOffsets {self.settings.starting_offsets!r}")
+        missing = sorted(set(spec) - set(earliest))
+        if missing:
+            raise ConfigError(
+                f"{SOURCE_NAME} source: startingOffsets names partitions Kafka does not have: {missing}"
+            )
+        resolved: PartitionOffsets = {}
+        for tp, first in earliest.items():
+            wanted = spec.get(tp, _EARLIEST)
+            resolved[tp] = first if wanted == _EARLIEST else latest[tp] if wanted == _LATEST else wanted
+        return to_offset_json(resolved)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """maxOffsetsPerTrigger bounds every batch, so a backlog (and a graceful stop) stays bounded."""
+        if self.settings.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.settings.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: freeze today's end offsets; latestOffset never plans past them."""
+        _, self._available_now_end = self._offsets(self._topic_partitions())
+
+    def latestOffset(self, start: OffsetJson, limit: ReadLimit) -> OffsetJson:
+        """End offsets of the next batch: broker ends, new partitions, guard caps, then the read limit.
+
+        Data loss is checked here, on the driver, so a restart on a position retention deleted fails
+        before any batch runs.
+        """
+        guard = self._read_guard()
+        if guard is not None and guard.stop_requested:
+            return start  # no new batch: the query can stop between batches
+        begin = from_offset_json(start)
+        earliest, latest = self._offsets(self._topic_partitions())
+        if self._available_now_end is not None:
+            latest = {tp: min(end, self._available_now_end.get(tp, end)) for tp, end in latest.items()}
+
+        effective_start: PartitionOffsets = {}
+        until: PartitionOffsets = {}
+        for tp, first in earliest.items():
+            if tp not in begin:
+                # A new partition enters the offsets at its earliest offset and is read from the next
+                # batch on: the checkpoint records where it starts before any of its rows are read.
+                log.info("%s source: new partition %s[%d] starts at offset %d", SOURCE_NAME, *tp, first)
+                until[tp] = first
+                continue
+            pos = begin[tp]
+            if pos < first:
+                if self.settings.fail_on_data_loss:
+                    raise DataLossError(tp[0], tp[1], pos, first)
+                log.warning("%s", DataLossError(tp[0], tp[1], pos, first))
+                log.warning("failOnDataLoss=false: %s[%d] continues from earliest offset %d", *tp, first)
+                pos = first
+            if pos > latest[tp]:
+                if self.settings.fail_on_data_loss:
+                    raise KafkaError(
+                        f"{tp[0]}[{tp[1]}]: the offset went back from {pos} to {latest[tp]} "
+                        "(topic recreated or truncated?); some data may have been missed"
+                    )
+                log.warning("%s[%d]: offset went back from %d to %d, continuing there", *tp, pos, latest[tp])
+                effective_start[tp] = until[tp] = latest[tp]
+                continue
+            effective_start[tp] = pos
+            until[tp] = latest[tp]
+        for tp, pos in begin.items():
+            if tp not in earliest:  # partition vanished (topic deleted?): keep its position
+                log.warning("%s source: partition %s[%d] is gone from Kafka", SOURCE_NAME, *tp)
+                until[tp] = pos
+
+        if guard is not None:
+            for tp in effective_start:
+                cap = guard.caps.get(tp[0], {}).get(tp[1])
+                if cap is not None:
+                    until[tp] = max(effective_start[tp], min(until[tp], cap))
+        if isinstance(limit, ReadMaxRows):
+            until = rate_limit(effective_start, until, limit.max_rows)
+        # Under failOnDataLoss=false the batch's start stays below earliest in Spark's offsets;
+        # read() skips forward to earliest itself. Returning `start` itself when nothing moved keeps
+        # Spark from planning an empty batch.
+        end = to_offset_json(until)
+        return start if end == start else end
+
+    def _read_guard(self) -> Any:
+        """Relay's ledger guard (stop flag and per-partition caps), or None when not configured."""
+        if self.settings.ledger_url is None or self.settings.instance_id is None:
+            return None
+        from relay.source_guard import read_source_guard
+
+        return read_source_guard(self.settings.ledger_url, self.settings.instance_id)
+
+    def reportLatestOffset(self) -> OffsetJson | None:
+        """Broker end offsets of every partition, for the query's progress (lag) only."""
+        _, latest = self._offsets(self._topic_partitions())
+        return to_offset_json(latest) if latest else None
+
+    def partitions(self, start: OffsetJson, end: OffsetJson) -> list[KafkaInputPartition]:
+        """One task per Kafka partition with something to read; a new partition is absent from
+        ``start`` and sits at its first offset in ``end``, so it yields no task yet."""
+        begin = from_offset_json(start)
+        return [
+            KafkaInputPartition(topic, partition, begin[(topic, partition)], stop)
+            for (topic, partition), stop in sorted(from_offset_json(end).items())
+            if (topic, partition) in begin and begin[(topic, partition)] < stop
+        ]
+
+    def commit(self, end: OffsetJson) -> None:
+        """Nothing to do: positions live in Spark's checkpoint (and Relay's ledger), not in Kafka."""
+
+    # -- executor side ------------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Yield the records of [start, end) of one Kafka partition as pyarrow RecordBatches.
+
+        Reads until the consumer's position reaches ``end`` rather than until a record with offset
+        ``end - 1`` arrives: offsets have holes (transaction markers, compaction, aborted records).
+        """
+        if not isinstance(partition, KafkaInputPartition):
+            raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
+        import pyarrow as pa
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.errors import KafkaError as VendorKafkaError
+        from kafka.errors import OffsetOutOfRangeError
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        s = self.settings
+        schema = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
+        tp = TopicPartition(partition.topic, partition.partition)
+        consumer = KafkaConsumer(
+            **s.consumer_config(f"relay-kafka-source-{partition.topic}-{partition.partition}"),
+            max_poll_records=10_000,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+        )
+        try:
+            consumer.assign([tp])
+            first = int(consumer.beginning_offsets([tp])[tp])
+            start = partition.start
+            if start < first:
+                if s.fail_on_data_loss:
+                    raise DataLossError(partition.topic, partition.partition, start, first)
+                log.warning(
+                    "%s; failOnDataLoss=false: reading from %d",
+                    DataLossError(tp.topic, tp.partition, start, first),
+                    first,
+                )
+                start = first
+            if start >= partition.end:
+                return
+            consumer.seek(tp, start)
+            cols: tuple[list[Any], ...] = ([], [], [], [], [])  # key, value, offset, timestamp, tstype
+            deadline = time.monotonic() + s.poll_timeout_ms / 1000
+            position = start
+            while position < partition.end:
+                try:
+                    fetched = consumer.poll(timeout_ms=min(1000, s.poll_timeout_ms))
+                except OffsetOutOfRangeError:
+                    earliest_now = int(consumer.beginning_offsets([tp])[tp])
+                    raise DataLossError(tp.topic, tp.partition, consumer.position(tp), earliest_now) from None
+                for record in fetched.get(tp, ()):
+                    if record.offset >= partition.end:
+                        break
+                    cols[0].append(record.key)
+                    cols[1].append(record.value)
+                    cols[2].append(record.offset)
+                    cols[3].append(record.timestamp * 1000 if record.timestamp is not None else None)
+                    cols[4].append(record.timestamp_type)
+                    if len(cols[2]) >= _ARROW_CHUNK_ROWS:
+                        yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
+                        cols = ([], [], [], [], [])
+                new_position = int(consumer.position(tp))
+                if new_position > position:
+                    position = new_position
+                    deadline = time.monotonic() + s.poll_timeout_ms / 1000
+                elif time.monotonic() > deadline:
+                    raise KafkaError(
+                        f"{tp.topic}[{tp.partition}]: no record at offset {position} within {s.poll_timeout_ms} ms "
+                        f"(batch needs [{partition.start}, {partition.end})); raise pollTimeoutMs or check the broker"
+                    )
+            if cols[2]:
+                yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
+        except VendorKafkaError as exc:
+            raise KafkaError(f"reading {tp.topic}[{tp.partition}] failed: {exc}") from exc
+        finally:
+            consumer.close(autocommit=False)
+
+
+def _to_record_batch(pa: Any, schema: Any, topic: str, partition: int, cols: tuple[list[Any], ...]) -> Any:
+    """Columns -> one RecordBatch in exactly the Arrow schema Spark expects (it compares schemas)."""
+    n = len(cols[2])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(cols[0], pa.binary()),
+            pa.array(cols[1], pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(cols[2], pa.int64()),
+            pa.array(cols[3], pa.timestamp("us", tz="UTC")),
+            pa.array(cols[4], pa.int32()),
+        ],
+        schema=schema,
+    )
+
+
+def register(spark: Any) -> None:
+    """Register the source with a SparkSession.
+
+    Pickling this module by value is what makes the source work in cluster mode: the driver's
+    planner process could not import it even when shipped as a py-file (PLATFORM.md).
+    """
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spark.dataSource.register(KafkaDataSource)

@@ -1,0 +1,59 @@
+"""The session-wide embedded stack (Kafka, Spark master + worker) on free ports, under var/pytest/."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from relay.config import PROJECT_ROOT, RelayConfig, load_config
+from relay.stack import LocalStack
+
+from tests.conftest import free_port
+
+log = logging.getLogger(__name__)
+
+
+def stack_env(data_dir: Path) -> dict[str, str]:
+    """RELAY_* settings of a private stack: its own data dir and free loopback ports."""
+    return {
+        "RELAY_DATA_DIR": str(data_dir),
+        "RELAY_KAFKA_PORT": str(free_port()),
+        "RELAY_SPARK_MASTER_PORT": str(free_port()),
+        "RELAY_SPARK_MASTER_UI_PORT": str(free_port()),
+        "RELAY_SPARK_REST_PORT": str(free_port()),
+        "RELAY_SPARK_WORKER_UI_PORT": str(free_port()),
+        "RELAY_POSTGRES_PORT": str(free_port()),
+        "RELAY_WORKER_CORES": "4",
+        "RELAY_WORKER_MEMORY": "2g",
+    }
+
+
+def private_data_dir(prefix: str) -> Path:
+    """A fresh data dir under ``<project>/var/pytest/`` (Spark and PostgreSQL must not write to /tmp)."""
+    base = PROJECT_ROOT / "var" / "pytest"
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    path.chmod(0o755)  # mkdtemp makes it 0700; PostgreSQL runs as the postgres user
+    return path
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[RelayConfig]:
+    """A running LocalStack for the whole test session; always stopped at the end.
+
+    The data dir is under ``<project>/var/pytest/`` (never /tmp: Spark and PostgreSQL write there),
+    unique per session so parallel runs don't collide; removed when the stack stopped cleanly.
+    """
+    data_dir = private_data_dir("stack-")
+    config = load_config(stack_env(data_dir))
+    local = LocalStack(config, progress=log.info)
+    try:
+        local.up()
+        yield config
+    finally:
+        local.down()
+    shutil.rmtree(data_dir, ignore_errors=True)

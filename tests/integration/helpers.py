@@ -1,0 +1,32 @@
+"""Helpers of the integration tests: a rogue Spark application, a caught-up check."""
+
+from __future__ import annotations
+
+from relay.config import PROJECT_ROOT, RelayConfig
+from relay.kafka_offsets import KafkaOffsets
+from relay.launcher import driver_environment, spark_client
+from relay.ledger.store import Ledger
+from relay.spark_rest import driver_properties
+
+from tests.conftest import wait_for
+
+
+def start_rogue_app(cfg: RelayConfig, name: str, seconds: int = 300) -> str:
+    """Submit an app named ``name``; return its submission id once the master lists it as active."""
+    client = spark_client(cfg)
+    app = str(PROJECT_ROOT / "tests" / "integration" / "apps" / "rogue_app.py")
+    props = driver_properties(cfg, name, supervise=False, py_files=[])
+    sub = client.submit_python(app, [str(seconds)], props, driver_environment(cfg))
+    wait_for(f"rogue app {name} to be active", lambda: bool(client.apps_named(name)), timeout=120)
+    return sub
+
+
+def caught_up(cfg: RelayConfig, ledger: Ledger) -> bool:
+    """Every partition's lowest unfinished cursor has reached the latest offset."""
+    with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
+        latest = kafka.latest(cfg.topic)
+    cursors: dict[int, int] = {}
+    for lease in ledger.pipeline_leases(cfg.pipeline):
+        if not lease.drained:
+            cursors[lease.partition] = min(cursors.get(lease.partition, lease.next_offset), lease.next_offset)
+    return bool(latest) and all(cursors.get(p, -1) >= o for p, o in latest.items())

@@ -1,0 +1,106 @@
+"""Issue 5 acceptance: the seeds' retention scenario on the real broker, recovered knowingly."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from relay.audit import audit
+from relay.config import RelayConfig
+from relay.errors import OperationError, OperationInProgressError
+from relay.kafka_offsets import KafkaOffsets
+from relay.ledger.store import Ledger
+from relay.operations.deploy import deploy
+from relay.operations.recover import recover
+from relay.operations.stop import stop
+from relay.operations.upgrade import ALL_TERMINAL
+from relay.producer import produce
+from relay.status import offsets_view
+
+from tests.conftest import wait_for
+from tests.integration.helpers import caught_up
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def cfg(stack: RelayConfig) -> RelayConfig:
+    name = f"r{uuid.uuid4().hex[:8]}"
+    return stack.with_(pipeline=name, topic=name, ledger_url=f"sqlite:///{stack.data_dir / (name + '.db')}")
+
+
+def ledger_snapshot(ledger: Ledger, pipeline: str) -> tuple:
+    return (
+        [lease.to_json() for lease in ledger.pipeline_leases(pipeline)],
+        [g.to_json() for g in ledger.gaps(pipeline)],
+        [i.to_json() for i in ledger.instances(pipeline)],
+        ledger.message_count(pipeline),
+    )
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: RelayConfig) -> None:
+    ledger = Ledger(cfg.ledger_url)
+    produce(cfg.kafka_bootstrap, cfg.topic, 600, None, partitions=cfg.partitions)
+    deploy(cfg, wait_s=240)
+    wait_for("the job to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    stop(cfg)
+
+    # While the job is stopped, more arrives and retention deletes part of it on partition 0.
+    produce(cfg.kafka_bootstrap, cfg.topic, 400, None, partitions=cfg.partitions)
+    with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
+        latest = kafka.latest(cfg.topic)
+        kafka.delete_records(cfg.topic, {0: latest[0] - 20})
+    cursor0 = next(r["cursor"] for r in offsets_view(cfg, ledger) if r["partition"] == 0)
+    lost = latest[0] - 20 - cursor0
+    assert lost > 0
+    with pytest.raises(OperationError, match=rf"data loss on {cfg.topic}\[0\]: needed offset {cursor0}"):
+        deploy(cfg, wait_s=240)
+    assert next(r for r in offsets_view(cfg, ledger) if r["partition"] == 0)["invalidated"]
+
+    # Dry run (the default): a plan, and nothing changes.
+    before, ckpts = ledger_snapshot(ledger, cfg.pipeline), tree(cfg.checkpoints_dir)
+    planned = recover(cfg, strategy="earliest")
+    assert planned["dry_run"] is True
+    p0 = next(p for p in planned["plan"]["partitions"] if p["partition"] == 0)
+    assert (p0["cursor"], p0["target"], p0["lost"], p0["skipped"]) == (cursor0, latest[0] - 20, lost, 0)
+    assert planned["plan"]["total_lost"] == lost
+    assert ledger_snapshot(ledger, cfg.pipeline) == before and tree(cfg.checkpoints_dir) == ckpts
+
+    # Execute: archived checkpoints, gaps recorded, a fresh instance resumes; the count continues.
+    done = recover(cfg, strategy="earliest", dry_run=False, reason="retention test")
+    assert done["archived_checkpoints"] and all(Path(p).exists() for p in done["archived_checkpoints"])
+    wait_for("the recovered job to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    report = audit(cfg, ledger)
+    assert report.ok, report.to_json()
+    assert [p.declared_lost for p in report.partitions] == [lost, 0, 0]
+    assert report.message_count == 1000 - lost
+    gaps = ledger.gaps(cfg.pipeline)
+    assert [(g.partition, g.start_offset, g.end_offset, g.kind) for g in gaps] == [
+        (0, cursor0, latest[0] - 20, "lost")]
+
+    # Strategy timestamp: the first offset at or after the time, as the broker's own lookup says.
+    produce(cfg.kafka_bootstrap, cfg.topic, 60, None, partitions=cfg.partitions)
+    wait_for("the new messages to be applied", lambda: caught_up(cfg, ledger), timeout=120, interval=1)
+    mark = int(time.time() * 1000) + 1
+    wait_for("the clock to pass the mark", lambda: time.time() * 1000 > mark + 5, timeout=5, interval=0.01)
+    produce(cfg.kafka_bootstrap, cfg.topic, 90, None, partitions=cfg.partitions)
+    with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
+        by_time = kafka.offsets_for_time(cfg.topic, mark)
+    plan = recover(cfg, strategy="timestamp", timestamp_ms=mark, allow_reprocess=True)["plan"]
+    expected = {pp["partition"]: by_time[pp["partition"]] if by_time.get(pp["partition"]) is not None
+                else pp["latest"] for pp in plan["partitions"]}
+    assert {pp["partition"]: pp["target"] for pp in plan["partitions"]} == expected
+    assert plan["total_reprocess"] == 0 and plan["total_skipped"] == 0
+
+    # A recovery while an upgrade is in progress is refused.
+    op = ledger.open_operation(cfg.pipeline, "upgrade", "GREEN_STARTING", {"version": "v9"}, {}, ALL_TERMINAL)
+    with pytest.raises(OperationInProgressError, match="upgrade"):
+        recover(cfg, strategy="latest", dry_run=False)
+    ledger.move_operation(op["id"], "ABORTED", error="test cleanup")
+    stop(cfg)

@@ -1,0 +1,126 @@
+"""Issue 4 acceptance: blue-green upgrade with an exact handoff, on the real cluster and broker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+from relay.artifacts import build_artifact
+from relay.audit import audit
+from relay.config import PROJECT_ROOT, RelayConfig
+from relay.errors import OperationError
+from relay.launcher import driver_running, spark_client
+from relay.ledger import schema as s
+from relay.ledger.models import InstanceState
+from relay.ledger.store import Ledger
+from relay.operations.deploy import deploy
+from relay.operations.inventory import master_apps
+from relay.operations.stop import stop
+from relay.operations.upgrade import UpgradeState, upgrade
+from relay.producer import produce
+from sqlalchemy import select
+
+from tests.conftest import wait_for
+from tests.integration.helpers import caught_up, start_rogue_app
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def cfg(stack: RelayConfig) -> RelayConfig:
+    name = f"u{uuid.uuid4().hex[:8]}"
+    return stack.with_(pipeline=name, topic=name, ledger_url=f"sqlite:///{stack.data_dir / (name + '.db')}")
+
+
+def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], str]:
+    with ledger.tx() as conn:
+        rows = conn.execute(select(s.messages.c.partition, s.messages.c.offset, s.messages.c.version)
+                            .where(s.messages.c.pipeline == pipeline)).all()
+    return {(p, o): v for p, o, v in rows}
+
+
+def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(cfg: RelayConfig) -> None:
+    ledger = Ledger(cfg.ledger_url)
+    produce(cfg.kafka_bootstrap, cfg.topic, 1000, None, partitions=cfg.partitions)
+    deploy(cfg, version="v1", wait_s=240)
+    build_artifact(cfg, "v2")
+
+    # Messages keep coming (50/s) during the whole upgrade.
+    producer = threading.Thread(target=produce, args=(cfg.kafka_bootstrap, cfg.topic, 3000, 50.0),
+                                kwargs={"partitions": cfg.partitions})
+    producer.start()
+    try:
+        result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)
+    finally:
+        producer.join()
+    assert result["state"] == UpgradeState.DONE.value, result
+    assert result["duplicates"] == 0 and result["gaps"] == 0
+    assert [h["state"] for h in result["history"]] == [
+        "PREFLIGHT", "GREEN_STARTING", "DRAINING_BLUE", "STOPPING_BLUE", "DONE"]
+    green = ledger.instance(result["green_id"])
+    wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+
+    report = audit(cfg, ledger)
+    assert report.ok and report.message_count == 4000, report.to_json()
+    handoff = {int(p): o for p, o in result["handoff"].items()}
+    by_offset = versions_by_offset(ledger, cfg.pipeline)
+    wrong = [(p, o, v) for (p, o), v in by_offset.items() if v != ("v1" if o < handoff[p] else "v2")]
+    assert wrong == []
+    assert result["applied_by_green"] > 0  # the producer ran past the handoff
+    assert [a.name for a in master_apps(cfg, cfg.pipeline)] == [green.app_name]
+
+    # A version that fails at start-up: ABORTED within the grace period, blue (now v2) never stopped.
+    build_artifact(cfg, "v3-broken", fail_at_start=True)
+    aborted = upgrade(cfg, "v3-broken", grace_s=60, drain_timeout_s=60)
+    assert aborted["state"] == UpgradeState.ABORTED.value, aborted
+    assert driver_running(cfg, green.submission_id)
+    assert ledger.instance(green.id).state is InstanceState.ACTIVE
+    produce(cfg.kafka_bootstrap, cfg.topic, 200, None, partitions=cfg.partitions)
+    wait_for("blue to apply new messages", lambda: caught_up(cfg, ledger), timeout=120, interval=1)
+    assert audit(cfg, ledger).ok
+
+    # Two applications of the pipeline: refused at preflight, nothing changed.
+    rogue = start_rogue_app(cfg, f"relay-{cfg.pipeline}-999")
+    try:
+        with pytest.raises(OperationError, match="exactly one running instance"):
+            upgrade(cfg, "v4", grace_s=60)
+    finally:
+        spark_client(cfg).kill(rogue)
+    assert ledger.instance(green.id).state is InstanceState.ACTIVE
+    stop(cfg)
+
+
+def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig) -> None:
+    ledger = Ledger(cfg.ledger_url)
+    produce(cfg.kafka_bootstrap, cfg.topic, 500, None, partitions=cfg.partitions)
+    deploy(cfg, version="v1", wait_s=240)
+    build_artifact(cfg, "v2")
+    env = {"RELAY_DATA_DIR": str(cfg.data_dir), "RELAY_PIPELINE": cfg.pipeline, "RELAY_TOPIC": cfg.topic,
+           "RELAY_LEDGER_URL": cfg.ledger_url, "RELAY_KAFKA_BOOTSTRAP": cfg.kafka_bootstrap,
+           "RELAY_SPARK_MASTER_URL": cfg.spark_master_url, "RELAY_SPARK_MASTER_UI_URL": cfg.spark_master_ui_url,
+           "RELAY_SPARK_REST_URL": cfg.spark_rest_url, "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "upgrade", "--version", "v2"], env=env,
+                            cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def green_started() -> bool:
+            ops = ledger.operations(cfg.pipeline, "upgrade", 1)
+            if not ops or "green_id" not in ops[0]["data"]:
+                return False
+            return ledger.instance(ops[0]["data"]["green_id"]).submission_id is not None
+        wait_for("green to be submitted", green_started, timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    op = ledger.operations(cfg.pipeline, "upgrade", 1)[0]
+    assert op["state"] not in ("DONE", "ABORTED", "FAILED")
+    produce(cfg.kafka_bootstrap, cfg.topic, 300, None, partitions=cfg.partitions)
+    result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)  # run again: resumes the same upgrade
+    assert result["upgrade_id"] == op["id"] and result["state"] == "DONE", result
+    wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    report = audit(cfg, ledger)
+    assert report.ok and report.message_count == 800, report.to_json()
+    assert [a.name for a in master_apps(cfg, cfg.pipeline)] == [ledger.instance(result["green_id"]).app_name]
+    stop(cfg)
