@@ -104,12 +104,14 @@ def build_session(args: argparse.Namespace, app_name: str):  # noqa: ANN201 (pys
     if args.local:
         spark_dir = Path(args.spark_dir or "var/spark").resolve()
         (spark_dir / "tmp").mkdir(parents=True, exist_ok=True)
-        builder = (builder.master("local[2]")
-                   .config("spark.local.dir", str(spark_dir / "local"))
-                   .config("spark.python.unix.domain.socket.dir", str(spark_dir / "sock"))
-                   .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={spark_dir / 'tmp'} -XX:-UsePerfData")
-                   .config("spark.sql.shuffle.partitions", "2")
-                   .config("spark.ui.enabled", "false"))
+        builder = (
+            builder.master("local[2]")
+            .config("spark.local.dir", str(spark_dir / "local"))
+            .config("spark.python.unix.domain.socket.dir", str(spark_dir / "sock"))
+            .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={spark_dir / 'tmp'} -XX:-UsePerfData")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+        )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     return builder.getOrCreate()
 
@@ -129,7 +131,9 @@ class Driver:
     def run(self) -> int:
         args, ledger, inst = self.args, self.ledger, self.instance
         if crash_loop(ledger, inst.id):
-            reason = f"crash loop: {CRASH_LOOP_ATTEMPTS} attempts in {CRASH_LOOP_WINDOW_S:.0f}s; not relaunching"
+            reason = (
+                f"crash loop: {CRASH_LOOP_ATTEMPTS} attempts in {CRASH_LOOP_WINDOW_S:.0f}s; not relaunching"
+            )
             ledger.set_instance(inst.id, state=InstanceState.FAILED, error=reason)
             log.error(reason)
             return no_retry_exit(args, 5)
@@ -140,7 +144,9 @@ class Driver:
             log.error(reason)
             return no_retry_exit(args, 2)
         self.attempt = attempt = ledger.start_attempt(inst.id)
-        log.info("instance %s attempt %s epoch %s (version %s)", inst.id, attempt.id, attempt.epoch, inst.version)
+        log.info(
+            "instance %s attempt %s epoch %s (version %s)", inst.id, attempt.id, attempt.epoch, inst.version
+        )
         try:
             if fail_at_start:
                 raise RuntimeError(f"version {version} was built to fail at start-up (build --fail-at-start)")
@@ -177,9 +183,13 @@ class Driver:
         """Give a live older attempt the time to notice it is fenced, so two never share the checkpoint."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            alive = [a for a in self.ledger.attempts(self.instance.id)
-                     if a.state is AttemptState.RUNNING and a.id != self.attempt.id
-                     and a.heartbeat_at > time.time() - 10]
+            alive = [
+                a
+                for a in self.ledger.attempts(self.instance.id)
+                if a.state is AttemptState.RUNNING
+                and a.id != self.attempt.id
+                and a.heartbeat_at > time.time() - 10
+            ]
             if not alive:
                 return
             time.sleep(0.5)
@@ -191,20 +201,24 @@ class Driver:
         args, inst = self.args, self.instance
         import json
 
-        stream = (spark.readStream.format("relaykafka")
-                  .option("kafka.bootstrap.servers", args.bootstrap)
-                  .option("subscribe", args.topic)
-                  .option("startingOffsets", json.dumps(starting_offsets(self.ledger, inst.id)))
-                  .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-                  .option("failOnDataLoss", "true")
-                  .option("relay.ledgerUrl", args.ledger_url)
-                  .option("relay.instanceId", str(inst.id))
-                  .load())
-        return (stream.writeStream.foreachBatch(self._process)
-                .option("checkpointLocation", inst.checkpoint_dir)
-                .trigger(processingTime=f"{args.trigger_seconds} seconds")
-                .queryName(inst.app_name)
-                .start())
+        stream = (
+            spark.readStream.format("relaykafka")
+            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("subscribe", args.topic)
+            .option("startingOffsets", json.dumps(starting_offsets(self.ledger, inst.id)))
+            .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+            .option("failOnDataLoss", "true")
+            .option("relay.ledgerUrl", args.ledger_url)
+            .option("relay.instanceId", str(inst.id))
+            .load()
+        )
+        return (
+            stream.writeStream.foreachBatch(self._process)
+            .option("checkpointLocation", inst.checkpoint_dir)
+            .trigger(processingTime=f"{args.trigger_seconds} seconds")
+            .queryName(inst.app_name)
+            .start()
+        )
 
     def _process(self, df, batch_id: int) -> None:  # noqa: ANN001 (pyspark DataFrame)
         started = time.time()
@@ -217,12 +231,21 @@ class Driver:
         cols = [table.column(n).to_pylist() for n in ("topic", "partition", "offset", "key", "value")]
         records = [Record(*row) for row in zip(*cols)]
         try:
-            result = commit_batch(self.ledger, self.attempt, batch_id, start, end, records, self.sink, started)
+            result = commit_batch(
+                self.ledger, self.attempt, batch_id, start, end, records, self.sink, started
+            )
         except ZombieAttemptError as exc:
             self.zombie = exc
             raise
-        log.info("batch %s: read %s applied %s skipped %s dead %s commit %.1f ms", batch_id, result.rows_read,
-                 result.rows_applied, result.rows_skipped, result.dead_letters, result.commit_ms)
+        log.info(
+            "batch %s: read %s applied %s skipped %s dead %s commit %.1f ms",
+            batch_id,
+            result.rows_read,
+            result.rows_applied,
+            result.rows_skipped,
+            result.dead_letters,
+            result.commit_ms,
+        )
 
     def _supervise(self, query) -> int:  # noqa: ANN001
         ledger, inst, attempt = self.ledger, self.instance, self.attempt
@@ -230,14 +253,20 @@ class Driver:
             current = ledger.instance(inst.id)
             if current.current_epoch != attempt.epoch or not current.state.live:
                 query.stop()
-                raise ZombieAttemptError(f"attempt {attempt.id} (epoch {attempt.epoch}) superseded: "
-                                         f"instance {inst.id} is at epoch {current.current_epoch}, {current.state.value}")
+                raise ZombieAttemptError(
+                    f"attempt {attempt.id} (epoch {attempt.epoch}) superseded: "
+                    f"instance {inst.id} is at epoch {current.current_epoch}, {current.state.value}"
+                )
             with ledger.tx() as conn:
                 from relay.ledger import schema as s
 
-                conn.execute(s.attempts.update().where(s.attempts.c.id == attempt.id)
-                             .values(heartbeat_at=time.time()))
-            if current.state is InstanceState.STARTING and query.status.get("message") == "Waiting for data to arrive":
+                conn.execute(
+                    s.attempts.update().where(s.attempts.c.id == attempt.id).values(heartbeat_at=time.time())
+                )
+            if (
+                current.state is InstanceState.STARTING
+                and query.status.get("message") == "Waiting for data to arrive"
+            ):
                 ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
             if current.stop_requested or self.stop_signal:
                 return self._graceful_stop(query)

@@ -50,7 +50,9 @@ def artifact(config: RelayConfig, version: str) -> Artifact:
     return Artifact(validate_version(version), config.data_dir / "artifacts" / version)
 
 
-def build_artifact(config: RelayConfig, version: str, fail_at_start: bool = False, force: bool = False) -> Artifact:
+def build_artifact(
+    config: RelayConfig, version: str, fail_at_start: bool = False, force: bool = False
+) -> Artifact:
     """Freeze the current code as ``version`` (an existing artifact is kept unless ``force``).
 
     ``fail_at_start`` builds a deliberately broken version (for testing aborts).
@@ -62,15 +64,18 @@ def build_artifact(config: RelayConfig, version: str, fail_at_start: bool = Fals
     tmp.mkdir(parents=True)
     shutil.copy2(PROJECT_ROOT / "spark_jobs" / "reference_job.py", tmp / "reference_job.py")
     with zipfile.ZipFile(tmp / "relay_job.zip", "w", zipfile.ZIP_DEFLATED) as zf:
-        for src_root, prefix in ((PROJECT_ROOT / "include" / "relay", "relay"),
-                                 (PROJECT_ROOT / "spark_jobs", "")):
+        for src_root, prefix in (
+            (PROJECT_ROOT / "include" / "relay", "relay"),
+            (PROJECT_ROOT / "spark_jobs", ""),
+        ):
             for path in sorted(src_root.rglob("*.py")):
                 if "__pycache__" in path.parts or path.name == "reference_job.py":
                     continue
                 zf.write(path, str(Path(prefix) / path.relative_to(src_root)))
         zf.writestr(VERSION_MODULE, f"VERSION = {version!r}\nFAIL_AT_START = {fail_at_start!r}\n")
-    (tmp / "artifact.json").write_text(json.dumps({"version": version, "built_at": time.time(),
-                                                   "fail_at_start": fail_at_start}))
+    (tmp / "artifact.json").write_text(
+        json.dumps({"version": version, "built_at": time.time(), "fail_at_start": fail_at_start})
+    )
     if art.folder.exists():
         shutil.rmtree(art.folder)
     tmp.rename(art.folder)

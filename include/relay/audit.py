@@ -42,8 +42,10 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return (all(p.missing == 0 and p.applied_twice_or_more == 0 for p in self.partitions)
-                and self.message_count == self.applied_rows)
+        return (
+            all(p.missing == 0 and p.applied_twice_or_more == 0 for p in self.partitions)
+            and self.message_count == self.applied_rows
+        )
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -62,8 +64,17 @@ def _ranges(offsets: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def audit(config: RelayConfig, ledger: Ledger | None = None, start_from_zero: bool = True) -> AuditReport:
-    """Count every offset from 0 (or the earliest available) to the latest, per partition."""
+def audit(
+    config: RelayConfig,
+    ledger: Ledger | None = None,
+    start_from_zero: bool = True,
+    until: dict[int, int] | None = None,
+) -> AuditReport:
+    """Count every offset from 0 (or the earliest available) to the latest, per partition.
+
+    ``until`` audits only below given offsets (e.g. the cursors: what the ledger says is applied),
+    so records still waiting to be read are not reported missing.
+    """
     ledger = ledger or Ledger(config.ledger_url)
     with KafkaOffsets(config.kafka_bootstrap) as kafka:
         earliest = kafka.earliest(config.topic)
@@ -73,16 +84,31 @@ def audit(config: RelayConfig, ledger: Ledger | None = None, start_from_zero: bo
     with ledger.tx() as conn:
         for partition in sorted(latest):
             lo = 0 if start_from_zero else earliest.get(partition, 0)
-            hi = latest[partition]
+            hi = latest[partition] if until is None else min(latest[partition], until.get(partition, 0))
             pa = PartitionAudit(partition, earliest.get(partition, 0), hi)
             where = (m.c.pipeline == config.pipeline, m.c.topic == config.topic, m.c.partition == partition)
-            counts = dict(conn.execute(select(m.c.offset, func.count()).where(*where).group_by(m.c.offset)).all())
-            pa.by_version = {v: n for v, n in conn.execute(
-                select(m.c.version, func.count()).where(*where).group_by(m.c.version)).all()}
-            dead = {r[0] for r in conn.execute(select(d.c.offset).where(
-                d.c.pipeline == config.pipeline, d.c.topic == config.topic, d.c.partition == partition)).all()}
-            gaps = conn.execute(select(g.c.start_offset, g.c.end_offset).where(
-                g.c.pipeline == config.pipeline, g.c.topic == config.topic, g.c.partition == partition)).all()
+            counts = dict(
+                conn.execute(select(m.c.offset, func.count()).where(*where).group_by(m.c.offset)).all()
+            )
+            pa.by_version = {
+                v: n
+                for v, n in conn.execute(
+                    select(m.c.version, func.count()).where(*where).group_by(m.c.version)
+                ).all()
+            }
+            dead = {
+                r[0]
+                for r in conn.execute(
+                    select(d.c.offset).where(
+                        d.c.pipeline == config.pipeline, d.c.topic == config.topic, d.c.partition == partition
+                    )
+                ).all()
+            }
+            gaps = conn.execute(
+                select(g.c.start_offset, g.c.end_offset).where(
+                    g.c.pipeline == config.pipeline, g.c.topic == config.topic, g.c.partition == partition
+                )
+            ).all()
             missing = []
             for offset in range(lo, hi):
                 n = counts.get(offset, 0) + (1 if offset in dead else 0)
@@ -100,7 +126,13 @@ def audit(config: RelayConfig, ledger: Ledger | None = None, start_from_zero: bo
             pa.missing_ranges = _ranges(missing)[:20]
             pa.duplicate_offsets = pa.duplicate_offsets[:20]
             parts.append(pa)
-        count = conn.execute(select(s.pipelines.c.message_count).where(
-            s.pipelines.c.name == config.pipeline)).scalar() or 0
-        rows = conn.execute(select(func.count()).select_from(m).where(m.c.pipeline == config.pipeline)).scalar_one()
+        count = (
+            conn.execute(
+                select(s.pipelines.c.message_count).where(s.pipelines.c.name == config.pipeline)
+            ).scalar()
+            or 0
+        )
+        rows = conn.execute(
+            select(func.count()).select_from(m).where(m.c.pipeline == config.pipeline)
+        ).scalar_one()
     return AuditReport(config.pipeline, config.topic, parts, int(count), int(rows))

@@ -70,9 +70,13 @@ class CheckpointSummary:
 
     def to_json(self) -> dict:
         return {
-            "path": self.path, "exists": self.exists, "last_batch": self.last_batch,
-            "last_commit": self.last_commit, "consistent": self.consistent,
-            "offsets": self.offsets, "committed_offsets": self.committed_offsets,
+            "path": self.path,
+            "exists": self.exists,
+            "last_batch": self.last_batch,
+            "last_commit": self.last_commit,
+            "consistent": self.consistent,
+            "offsets": self.offsets,
+            "committed_offsets": self.committed_offsets,
         }
 
 
@@ -80,7 +84,10 @@ def inspect(checkpoint_dir: str | Path) -> CheckpointSummary:
     path = Path(checkpoint_dir)
     lb, lc = last_batch(path), last_commit(path)
     return CheckpointSummary(
-        path=str(path), exists=path.is_dir(), last_batch=lb, last_commit=lc,
+        path=str(path),
+        exists=path.is_dir(),
+        last_batch=lb,
+        last_commit=lc,
         offsets=planned_offsets(path, lb) if lb is not None else None,
         committed_offsets=planned_offsets(path, lc) if lc is not None else None,
     )

@@ -153,6 +153,24 @@ def cmd_run_demo(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return run_demo(cfg, count=a.count, progress=_say)
 
 
+def cmd_bench(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """Benchmarks on a private stack (never the configured one); the table is the human output."""
+    from relay.bench import BenchOptions, render_table, run_bench
+
+    options = BenchOptions.build(quick=a.quick, messages=a.messages, only=a.only)
+    result = run_bench(options, progress=_say, host=cfg.host)
+    as_json = getattr(a, "json", False)
+    if not as_json:
+        print(render_table(result), flush=True)
+    if not result["ok"]:
+        if as_json:
+            print(json.dumps(result, indent=2, default=str), flush=True)
+        failed = [n for n, s in result["sections"].items() if s["status"] == "failed"]
+        raise RelayError(f"failed section(s) {failed or result.get('stack_down_error')}; "
+                         f"see {result['results_file']}")
+    return result if as_json else {"results_file": result["results_file"], "ok": result["ok"]}
+
+
 def _human(name: str, result: Any) -> str:
     if name == "offsets":
         return _table(result, ["topic", "partition", "earliest", "latest", "cursor", "lag", "invalidated"])
@@ -171,7 +189,7 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "produce": cmd_produce, "deploy": cmd_deploy, "stop": cmd_stop,
     "status": cmd_status, "offsets": cmd_offsets, "audit": cmd_audit, "checkpoint": cmd_checkpoint,
     "build": cmd_build, "upgrade": cmd_upgrade, "recover": cmd_recover, "health": cmd_health,
-    "run-demo": cmd_run_demo,
+    "run-demo": cmd_run_demo, "bench": cmd_bench,
 }
 
 
@@ -223,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("health", help="run the health checks once and persist the report")
     dm = sub.add_parser("run-demo", help="produce, deploy through Airflow, audit (the README's run command)")
     dm.add_argument("--count", type=int, default=2000)
+    bn = sub.add_parser("bench", help="benchmarks against baselines on a private stack (var/bench/)")
+    bn.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the result as JSON")
+    bn.add_argument("--quick", action="store_true", help="small sizes (50,000 messages): a few minutes")
+    bn.add_argument("--messages", type=int, default=None, help="backlog for the throughput run")
+    bn.add_argument("--only", default=None,
+                    help="comma-separated sections: throughput,overhead,ledger,upgrade,recovery,memory")
     return p
 
 

@@ -36,20 +36,35 @@ def spark_client(config: RelayConfig) -> SparkStandaloneClient:
     return SparkStandaloneClient(config.spark_master_ui_url, config.spark_rest_url)
 
 
-def driver_args(config: RelayConfig, instance: Instance, supervised: bool, extra: list[str] | None = None) -> list[str]:
+def driver_args(
+    config: RelayConfig, instance: Instance, supervised: bool, extra: list[str] | None = None
+) -> list[str]:
     args = [
-        "--ledger-url", config.ledger_url, "--instance-id", str(instance.id),
-        "--bootstrap", config.kafka_bootstrap, "--topic", config.topic,
-        "--max-offsets-per-trigger", str(config.max_offsets_per_trigger),
-        "--trigger-seconds", str(config.trigger_seconds),
+        "--ledger-url",
+        config.ledger_url,
+        "--instance-id",
+        str(instance.id),
+        "--bootstrap",
+        config.kafka_bootstrap,
+        "--topic",
+        config.topic,
+        "--max-offsets-per-trigger",
+        str(config.max_offsets_per_trigger),
+        "--trigger-seconds",
+        str(config.trigger_seconds),
     ]
     if supervised:
         args.append("--supervised")
     return args + list(extra or [])
 
 
-def launch(config: RelayConfig, ledger: Ledger, instance: Instance, local: bool = False,
-           extra_args: list[str] | None = None) -> str:
+def launch(
+    config: RelayConfig,
+    ledger: Ledger,
+    instance: Instance,
+    local: bool = False,
+    extra_args: list[str] | None = None,
+) -> str:
     """Start the instance's driver from its version's artifact; record and return its submission id.
 
     A version never built is frozen from the current code first (see relay.artifacts).
@@ -63,25 +78,44 @@ def launch(config: RelayConfig, ledger: Ledger, instance: Instance, local: bool 
     if local:
         config.logs_dir.mkdir(parents=True, exist_ok=True)
         log = open(config.logs_dir / f"{instance.app_name}.log", "ab")  # noqa: SIM115 - owned by the child
-        cmd = [sys.executable, job, *driver_args(config, instance, False, extra_args), "--local",
-               "--spark-dir", str(config.spark_dir)]
+        cmd = [
+            sys.executable,
+            job,
+            *driver_args(config, instance, False, extra_args),
+            "--local",
+            "--spark-dir",
+            str(config.spark_dir),
+        ]
         (config.spark_dir / "tmp").mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **env_vars, "TMPDIR": str(config.spark_dir / "tmp")}
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, cwd=str(PROJECT_ROOT))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=str(PROJECT_ROOT),
+        )
         log.close()
         submission = f"{LOCAL_PREFIX}{proc.pid}"
     else:
-        props = driver_properties(config, instance.app_name, supervise=True, py_files=[code], extra={
-            "spark.driverEnv.PYTHONPATH": code, "spark.executorEnv.PYTHONPATH": code})
+        props = driver_properties(
+            config,
+            instance.app_name,
+            supervise=True,
+            py_files=[code],
+            extra={"spark.driverEnv.PYTHONPATH": code, "spark.executorEnv.PYTHONPATH": code},
+        )
         submission = spark_client(config).submit_python(
-            job, driver_args(config, instance, True, extra_args), props, env_vars)
+            job, driver_args(config, instance, True, extra_args), props, env_vars
+        )
     ledger.set_instance(instance.id, submission_id=submission)
     return submission
 
 
 def _local_pid(submission: str) -> int | None:
-    return int(submission[len(LOCAL_PREFIX):]) if submission.startswith(LOCAL_PREFIX) else None
+    return int(submission[len(LOCAL_PREFIX) :]) if submission.startswith(LOCAL_PREFIX) else None
 
 
 def driver_running(config: RelayConfig, submission: str | None) -> bool:
@@ -123,8 +157,9 @@ class FirstCommit:
     state: str
 
 
-def wait_until_active(config: RelayConfig, ledger: Ledger, instance_id: int, timeout_s: float,
-                      progress: object = None) -> FirstCommit:
+def wait_until_active(
+    config: RelayConfig, ledger: Ledger, instance_id: int, timeout_s: float, progress: object = None
+) -> FirstCommit:
     """Wait until the instance committed its first batch (or idles with nothing to read).
 
     Raises OperationError as soon as the driver failed (no need to wait for the timeout).
@@ -137,20 +172,28 @@ def wait_until_active(config: RelayConfig, ledger: Ledger, instance_id: int, tim
         if inst.state in (InstanceState.ACTIVE, InstanceState.DRAINING):
             return FirstCommit(instance_id, time.time() - t0, inst.state.value)
         if not inst.state.live:
-            raise OperationError(f"instance {instance_id} is {inst.state.value}: {inst.error or 'see driver log'}")
+            raise OperationError(
+                f"instance {instance_id} is {inst.state.value}: {inst.error or 'see driver log'}"
+            )
         attempts = ledger.attempts(instance_id)
         failed = [a for a in attempts if a.state in (AttemptState.FAILED, AttemptState.FENCED)]
         if failed:
-            raise OperationError(f"instance {instance_id}: attempt {failed[-1].id} {failed[-1].state.value}: "
-                                 f"{failed[-1].error}")
+            raise OperationError(
+                f"instance {instance_id}: attempt {failed[-1].id} {failed[-1].state.value}: "
+                f"{failed[-1].error}"
+            )
         if time.time() - t0 > 3 and not driver_running(config, inst.submission_id):
             why = attempts[-1].error if attempts else "it exited before taking an attempt (see its log)"
             raise OperationError(f"instance {instance_id}: driver {inst.submission_id} is not running: {why}")
         if time.time() > deadline:
-            raise OperationError(f"instance {instance_id} made no first commit within {timeout_s:.0f}s "
-                                 f"(driver {inst.submission_id}, state {inst.state.value})")
+            raise OperationError(
+                f"instance {instance_id} made no first commit within {timeout_s:.0f}s "
+                f"(driver {inst.submission_id}, state {inst.state.value})"
+            )
         if callable(progress) and time.time() - last_note > 10:
-            progress(f"waiting for instance {instance_id} to commit its first batch "
-                     f"({time.time() - t0:.0f}s, driver {inst.submission_id})")
+            progress(
+                f"waiting for instance {instance_id} to commit its first batch "
+                f"({time.time() - t0:.0f}s, driver {inst.submission_id})"
+            )
             last_note = time.time()
         time.sleep(0.5)

@@ -39,8 +39,9 @@ class SinkResult:
 class Sink(Protocol):
     """Writes the results of the applied records inside the commit transaction (idempotent by identity)."""
 
-    def write(self, conn: Connection, instance: Instance, batch_id: int, records: list[Record]) -> SinkResult:
-        ...
+    def write(
+        self, conn: Connection, instance: Instance, batch_id: int, records: list[Record]
+    ) -> SinkResult: ...
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,9 @@ def _owner(leases: list[Lease], offset: int) -> Lease | None:
     return None
 
 
-def _adopt_new_partitions(ledger: Ledger, conn: Connection, instance: Instance, start: Offsets | None,
-                          end: Offsets) -> None:
+def _adopt_new_partitions(
+    ledger: Ledger, conn: Connection, instance: Instance, start: Offsets | None, end: Offsets
+) -> None:
     """A partition no lease of the pipeline covers yet (added to the topic) goes to the running instance."""
     if instance.state not in (InstanceState.STARTING, InstanceState.ACTIVE):
         return
@@ -107,7 +109,9 @@ def commit_batch(
         for lease in leases:
             by_tp.setdefault((lease.topic, lease.partition), []).append(lease)
         # Step 2.
-        applied: list[Record] = [r for r in records if _owner(by_tp.get((r.topic, r.partition), []), r.offset)]
+        applied: list[Record] = [
+            r for r in records if _owner(by_tp.get((r.topic, r.partition), []), r.offset)
+        ]
         # Step 3 and Step 5 (computed before writing anything).
         moves: list[tuple[Lease, int]] = []
         for (topic, partition), tp_leases in by_tp.items():
@@ -131,29 +135,66 @@ def commit_batch(
         result = sink.write(conn, instance, batch_id, applied)
         if result.dead_letters:
             now = time.time()
-            conn.execute(s.dead_letters.insert(), [
-                dict(pipeline=instance.pipeline, instance_id=instance.id, topic=r.topic, partition=r.partition,
-                     offset=r.offset, key=r.key, value=r.value, error=err, created_at=now)
-                for r, err in result.dead_letters
-            ])
+            conn.execute(
+                s.dead_letters.insert(),
+                [
+                    dict(
+                        pipeline=instance.pipeline,
+                        instance_id=instance.id,
+                        topic=r.topic,
+                        partition=r.partition,
+                        offset=r.offset,
+                        key=r.key,
+                        value=r.value,
+                        error=err,
+                        created_at=now,
+                    )
+                    for r, err in result.dead_letters
+                ],
+            )
         # Step 5.
         ranges = []
         for lease, target in moves:
             ledger.advance_cursor(conn, lease, target)
-            ranges.append({"topic": lease.topic, "partition": lease.partition, "lease": lease.id,
-                           "from": lease.next_offset, "to": target})
+            ranges.append(
+                {
+                    "topic": lease.topic,
+                    "partition": lease.partition,
+                    "lease": lease.id,
+                    "from": lease.next_offset,
+                    "to": target,
+                }
+            )
         # Step 6.
         commit_ms = (time.perf_counter() - t0) * 1000
         now = time.time()
-        conn.execute(s.batches.insert().values(
-            pipeline=instance.pipeline, instance_id=instance.id, attempt_id=attempt.id, epoch=attempt.epoch,
-            batch_id=batch_id, rows_read=len(records), rows_applied=result.applied,
-            rows_skipped=len(records) - len(applied), dead_letters=len(result.dead_letters), ranges=ranges,
-            started_at=started_at, committed_at=now, duration_ms=(now - started_at) * 1000, commit_ms=commit_ms,
-        ))
+        conn.execute(
+            s.batches.insert().values(
+                pipeline=instance.pipeline,
+                instance_id=instance.id,
+                attempt_id=attempt.id,
+                epoch=attempt.epoch,
+                batch_id=batch_id,
+                rows_read=len(records),
+                rows_applied=result.applied,
+                rows_skipped=len(records) - len(applied),
+                dead_letters=len(result.dead_letters),
+                ranges=ranges,
+                started_at=started_at,
+                committed_at=now,
+                duration_ms=(now - started_at) * 1000,
+                commit_ms=commit_ms,
+            )
+        )
         conn.execute(s.attempts.update().where(s.attempts.c.id == attempt.id).values(heartbeat_at=now))
         if instance.state is InstanceState.STARTING:
             ledger.set_instance(instance.id, conn, state=InstanceState.ACTIVE)
-    return CommitResult(batch_id=batch_id, rows_read=len(records), rows_applied=result.applied,
-                        rows_skipped=len(records) - len(applied), dead_letters=len(result.dead_letters),
-                        ranges=ranges, commit_ms=commit_ms)
+    return CommitResult(
+        batch_id=batch_id,
+        rows_read=len(records),
+        rows_applied=result.applied,
+        rows_skipped=len(records) - len(applied),
+        dead_letters=len(result.dead_letters),
+        ranges=ranges,
+        commit_ms=commit_ms,
+    )

@@ -40,15 +40,27 @@ class ReferenceSink:
             except (ValueError, UnicodeDecodeError) as exc:
                 result.dead_letters.append((record, f"{type(exc).__name__}: {exc}"))
                 continue
-            rows.append(dict(
-                pipeline=instance.pipeline, topic=record.topic, partition=record.partition, offset=record.offset,
-                key=record.key.decode() if record.key is not None else None,
-                value=record.value.decode("utf-8", errors="replace") if record.value is not None else None,
-                instance_id=instance.id, version=self.version, batch_id=batch_id,
-            ))
+            rows.append(
+                dict(
+                    pipeline=instance.pipeline,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    key=record.key.decode() if record.key is not None else None,
+                    value=record.value.decode("utf-8", errors="replace")
+                    if record.value is not None
+                    else None,
+                    instance_id=instance.id,
+                    version=self.version,
+                    batch_id=batch_id,
+                )
+            )
         if rows:
             conn.execute(s.messages.insert(), rows)
-            conn.execute(update(s.pipelines).where(s.pipelines.c.name == instance.pipeline)
-                         .values(message_count=s.pipelines.c.message_count + len(rows)))
+            conn.execute(
+                update(s.pipelines)
+                .where(s.pipelines.c.name == instance.pipeline)
+                .values(message_count=s.pipelines.c.message_count + len(rows))
+            )
         result.applied = len(rows)
         return result

@@ -21,12 +21,18 @@ def offsets_view(config: RelayConfig, ledger: Ledger | None = None) -> list[dict
     rows = []
     for p in sorted(latest):
         cur = cursors.get(p)
-        rows.append({
-            "topic": config.topic, "partition": p, "earliest": earliest.get(p, 0), "latest": latest[p],
-            "cursor": cur, "lag": None if cur is None else max(latest[p] - cur, 0),
-            "retention_margin": None if cur is None else cur - earliest.get(p, 0),
-            "invalidated": cur is not None and cur < earliest.get(p, 0),
-        })
+        rows.append(
+            {
+                "topic": config.topic,
+                "partition": p,
+                "earliest": earliest.get(p, 0),
+                "latest": latest[p],
+                "cursor": cur,
+                "lag": None if cur is None else max(latest[p] - cur, 0),
+                "retention_margin": None if cur is None else cur - earliest.get(p, 0),
+                "invalidated": cur is not None and cur < earliest.get(p, 0),
+            }
+        )
     return rows
 
 
@@ -39,7 +45,9 @@ def status_view(config: RelayConfig, ledger: Ledger | None = None, with_kafka: b
         data["leases"] = [lease.to_json() for lease in ledger.leases(inst.id)]
         instances.append(data)
     out = {
-        "pipeline": config.pipeline, "topic": config.topic, "ledger": ledger.safe_url,
+        "pipeline": config.pipeline,
+        "topic": config.topic,
+        "ledger": ledger.safe_url,
         "message_count": ledger.message_count(config.pipeline),
         "dead_letters": ledger.dead_letter_count(config.pipeline),
         "gaps": [g.to_json() for g in ledger.gaps(config.pipeline)],

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relay.airflow_local import _airflow_bin, airflow_env, ensure_airflow_db
+from relay.airflow_local import airflow_bin, airflow_env, ensure_airflow_db
 from relay.config import PROJECT_ROOT, load_config
 
 # Airflow reads AIRFLOW_HOME when first imported: point it under var/ (not ~/airflow) before that.
@@ -85,7 +85,7 @@ def test_airflow_cli_lists_no_import_errors(tmp_path: Path) -> None:
     """The same check an operator runs, in a fresh AIRFLOW_HOME (exit 1 and JSON rows on errors)."""
     config = load_config({"RELAY_DATA_DIR": str(tmp_path)})
     ensure_airflow_db(config)
-    result = subprocess.run([_airflow_bin(), "dags", "list-import-errors", "--local", "-o", "json"],
+    result = subprocess.run([airflow_bin(), "dags", "list-import-errors", "--local", "-o", "json"],
                             env=airflow_env(config), capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     payload = result.stdout[result.stdout.rfind("["):]  # warnings are printed before the JSON

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
+from relay.postgres_local import LocalPostgres
 from relay.stack import LocalStack
 
 from tests.conftest import free_port
@@ -57,3 +59,30 @@ def stack() -> Iterator[RelayConfig]:
     finally:
         local.down()
     shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    data_dir = private_data_dir("pg-")
+    pg = LocalPostgres(data_dir, free_port())
+    try:
+        pg.start()
+        yield pg.url
+    finally:
+        pg.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture()
+def pipeline_config(stack: RelayConfig, backend: str, request: pytest.FixtureRequest) -> RelayConfig:
+    """A pipeline and topic of its own on the shared stack, with the ledger on the chosen backend."""
+    name = f"t{uuid.uuid4().hex[:8]}"
+    if backend == "postgres":
+        url = request.getfixturevalue("postgres_url")
+    else:
+        url = f"sqlite:///{stack.data_dir / (name + '.db')}"
+    return stack.with_(pipeline=name, topic=name, ledger_url=url, max_offsets_per_trigger=5000)

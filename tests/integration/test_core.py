@@ -1,4 +1,4 @@
-"""Issue 2 acceptance on real parts: noida-db broker, Spark standalone cluster, SQLite and PostgreSQL ledgers."""
+"""Issue 2 acceptance on real parts: noida-db, a Spark standalone cluster, SQLite and PostgreSQL ledgers."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from relay.spark_rest import DriverState
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up
-from tests.integration.ledgers import backend, pipeline_config, postgres_url  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +42,32 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     inst_id = first["instance_id"]
 
     # 20,000 messages in all, produced while the driver is SIGKILLed at three moments.
-    producer = threading.Thread(target=produce, args=(cfg.kafka_bootstrap, cfg.topic, 18000, 600.0),
-                                kwargs={"partitions": cfg.partitions})
+    producer = threading.Thread(
+        target=produce,
+        args=(cfg.kafka_bootstrap, cfg.topic, 18000, 600.0),
+        kwargs={"partitions": cfg.partitions},
+    )
     producer.start()
     try:
         for round_ in range(3):
             attempt_id, pid = python_driver_pid(ledger, inst_id)
             batches_before = len(ledger.recent_batches(cfg.pipeline, 1000, inst_id))
             # moment 1: right after start; 2: after a few more batches; 3: mid-backlog
-            wait_for("batches before the kill",
-                     lambda b=batches_before, r=round_: len(ledger.recent_batches(cfg.pipeline, 1000, inst_id))
-                     >= b + r, timeout=120)
+            wait_for(
+                "batches before the kill",
+                lambda b=batches_before, r=round_: (
+                    len(ledger.recent_batches(cfg.pipeline, 1000, inst_id)) >= b + r
+                ),
+                timeout=120,
+            )
             os.kill(pid, signal.SIGKILL)
-            wait_for("the master to relaunch the driver", lambda a=attempt_id: any(
-                x.id > a and x.state is AttemptState.RUNNING for x in ledger.attempts(inst_id)), timeout=180)
+            wait_for(
+                "the master to relaunch the driver",
+                lambda a=attempt_id: any(
+                    x.id > a and x.state is AttemptState.RUNNING for x in ledger.attempts(inst_id)
+                ),
+                timeout=180,
+            )
     finally:
         producer.join()
     wait_for("the job to catch up", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
@@ -87,8 +98,9 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         latest = kafka.latest(cfg.topic)
         kafka.delete_records(cfg.topic, {0: latest[0]})
-    cursor0 = min(le.next_offset for le in ledger.pipeline_leases(cfg.pipeline) if le.partition == 0
-                  and not le.drained)
+    cursor0 = min(
+        le.next_offset for le in ledger.pipeline_leases(cfg.pipeline) if le.partition == 0 and not le.drained
+    )
     with pytest.raises(OperationError) as err:
         deploy(cfg, version="v1", wait_s=240)
     message = str(err.value)
@@ -98,12 +110,17 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     assert ledger.message_count(cfg.pipeline) == 20300
     failed = ledger.instances(cfg.pipeline)[-1]
     assert failed.state is InstanceState.FAILED and failed.id != second["instance_id"]
-    wait_for("the failed driver to finish", lambda: spark_client(cfg).driver_status(failed.submission_id)
-             is DriverState.FINISHED, timeout=60)
+    wait_for(
+        "the failed driver to finish",
+        lambda: spark_client(cfg).driver_status(failed.submission_id) is DriverState.FINISHED,
+        timeout=60,
+    )
     assert len(ledger.attempts(failed.id)) == 1  # not relaunched
 
 
-def test_second_attempt_fences_the_first_and_stop_is_clean_in_local_mode(pipeline_config: RelayConfig) -> None:
+def test_second_attempt_fences_the_first_and_stop_is_clean_in_local_mode(
+    pipeline_config: RelayConfig,
+) -> None:
     cfg = pipeline_config
     ledger = Ledger(cfg.ledger_url)
     produce(cfg.kafka_bootstrap, cfg.topic, 3000, None, partitions=cfg.partitions)
@@ -114,11 +131,17 @@ def test_second_attempt_fences_the_first_and_stop_is_clean_in_local_mode(pipelin
 
     second = launch(cfg, ledger, inst, local=True)  # a second driver of the same instance
     wait_for("the second attempt", lambda: len(ledger.attempts(inst.id)) == 2, timeout=120)
-    producer = threading.Thread(target=produce, args=(cfg.kafka_bootstrap, cfg.topic, 2000, 400.0),
-                                kwargs={"partitions": cfg.partitions})
+    producer = threading.Thread(
+        target=produce,
+        args=(cfg.kafka_bootstrap, cfg.topic, 2000, 400.0),
+        kwargs={"partitions": cfg.partitions},
+    )
     producer.start()
-    wait_for("the first attempt to be fenced",
-             lambda: ledger.attempt(first_attempt.id).state is AttemptState.FENCED, timeout=120)
+    wait_for(
+        "the first attempt to be fenced",
+        lambda: ledger.attempt(first_attempt.id).state is AttemptState.FENCED,
+        timeout=120,
+    )
     wait_for("the first driver to exit", lambda: not driver_running(cfg, info["submission_id"]), timeout=60)
     producer.join()
     wait_for("the second attempt to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
@@ -139,8 +162,9 @@ def test_driver_with_bad_arguments_is_not_relaunched(stack: RelayConfig) -> None
     client = spark_client(stack)
     job = str(stack.data_dir.parent.parent.parent / "spark_jobs" / "reference_job.py")
     props = driver_properties(stack, "relay-badargs-1", supervise=True, py_files=[])
-    sub = client.submit_python(job, ["--instance-id", "not-a-number", "--supervised"], props,
-                               driver_environment(stack))
+    sub = client.submit_python(
+        job, ["--instance-id", "not-a-number", "--supervised"], props, driver_environment(stack)
+    )
     wait_for("the driver to finish", lambda: client.driver_status(sub).is_final, timeout=120)
     assert client.driver_status(sub) is DriverState.FINISHED
     completed = [a for a in client.master_state().completed_apps if a.name == "relay-badargs-1"]

@@ -100,7 +100,10 @@ def test_rows_outside_leases_are_skipped_and_closed_lease_stops_at_end(ledger):
     commit_batch(ledger, b, 0, None, {T: {0: 6}}, recs(0, range(6)), ReferenceSink("v1"))
     commit_batch(ledger, g, 0, None, {T: {0: 6}}, recs(0, range(4, 6)), ReferenceSink("v2"))
     assert applied(ledger) == [(0, o) for o in range(6)]
-    assert [(lease.start_offset, lease.next_offset) for lease in ledger.pipeline_leases("p")] == [(0, 4), (4, 6)]
+    assert [(lease.start_offset, lease.next_offset) for lease in ledger.pipeline_leases("p")] == [
+        (0, 4),
+        (4, 6),
+    ]
     assert read_source_guard(ledger.url, blue.id).caps == {T: {0: 4}}
 
 

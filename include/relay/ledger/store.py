@@ -62,20 +62,36 @@ def make_engine(url: str) -> Engine:
 def _instance(row: Row) -> Instance:
     m = row._mapping
     return Instance(
-        id=m["id"], pipeline=m["pipeline"], version=m["version"], color=Color(m["color"]),
-        state=InstanceState(m["state"]), checkpoint_dir=m["checkpoint_dir"],
-        current_epoch=m["current_epoch"], stop_requested=bool(m["stop_requested"]),
-        submission_id=m["submission_id"], app_name=m["app_name"], error=m["error"],
-        created_at=m["created_at"], updated_at=m["updated_at"],
+        id=m["id"],
+        pipeline=m["pipeline"],
+        version=m["version"],
+        color=Color(m["color"]),
+        state=InstanceState(m["state"]),
+        checkpoint_dir=m["checkpoint_dir"],
+        current_epoch=m["current_epoch"],
+        stop_requested=bool(m["stop_requested"]),
+        submission_id=m["submission_id"],
+        app_name=m["app_name"],
+        error=m["error"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
     )
 
 
 def _attempt(row: Row) -> Attempt:
     m = row._mapping
     return Attempt(
-        id=m["id"], instance_id=m["instance_id"], epoch=m["epoch"], state=AttemptState(m["state"]),
-        app_id=m["app_id"], host=m["host"], pid=m["pid"], started_at=m["started_at"],
-        heartbeat_at=m["heartbeat_at"], ended_at=m["ended_at"], error=m["error"],
+        id=m["id"],
+        instance_id=m["instance_id"],
+        epoch=m["epoch"],
+        state=AttemptState(m["state"]),
+        app_id=m["app_id"],
+        host=m["host"],
+        pid=m["pid"],
+        started_at=m["started_at"],
+        heartbeat_at=m["heartbeat_at"],
+        ended_at=m["ended_at"],
+        error=m["error"],
     )
 
 
@@ -105,7 +121,8 @@ class Ledger:
                 raise LedgerError(f"cannot open the ledger at {self.safe_url}: {exc}") from exc
             if found > s.SCHEMA_VERSION:
                 raise LedgerError(
-                    f"ledger schema version {found} is newer than this code ({s.SCHEMA_VERSION}): upgrade Relay"
+                    f"ledger schema version {found} is newer than this code ({s.SCHEMA_VERSION}): "
+                    "upgrade Relay"
                 )
         return self._engine
 
@@ -137,20 +154,35 @@ class Ledger:
             with self.tx() as c:
                 return self.ensure_pipeline(name, c)
         if conn.execute(select(s.pipelines.c.name).where(s.pipelines.c.name == name)).first() is None:
-            conn.execute(s.pipelines.insert().values(name=name, epoch_seq=0, message_count=0,
-                                                     created_at=time.time()))
+            conn.execute(
+                s.pipelines.insert().values(name=name, epoch_seq=0, message_count=0, created_at=time.time())
+            )
 
     def create_instance(
-        self, conn: Connection, pipeline: str, version: str, color: Color, checkpoint_dir: str,
+        self,
+        conn: Connection,
+        pipeline: str,
+        version: str,
+        color: Color,
+        checkpoint_dir: str,
         app_name: str,
     ) -> Instance:
         self.ensure_pipeline(pipeline, conn)
         now = time.time()
-        new_id = conn.execute(s.instances.insert().values(
-            pipeline=pipeline, version=version, color=color.value, state=InstanceState.STARTING.value,
-            checkpoint_dir=checkpoint_dir, current_epoch=0, stop_requested=False, app_name=app_name,
-            created_at=now, updated_at=now,
-        )).inserted_primary_key[0]
+        new_id = conn.execute(
+            s.instances.insert().values(
+                pipeline=pipeline,
+                version=version,
+                color=color.value,
+                state=InstanceState.STARTING.value,
+                checkpoint_dir=checkpoint_dir,
+                current_epoch=0,
+                stop_requested=False,
+                app_name=app_name,
+                created_at=now,
+                updated_at=now,
+            )
+        ).inserted_primary_key[0]
         return self.instance(new_id, conn)
 
     def instance(self, instance_id: int, conn: Connection | None = None, lock: bool = False) -> Instance:
@@ -163,12 +195,15 @@ class Ledger:
             raise LedgerError(f"no instance {instance_id} in the ledger")
         return _instance(row)
 
-    def instances(self, pipeline: str, live_only: bool = False, conn: Connection | None = None) -> list[Instance]:
+    def instances(
+        self, pipeline: str, live_only: bool = False, conn: Connection | None = None
+    ) -> list[Instance]:
         if conn is None:
             with self.tx() as c:
                 return self.instances(pipeline, live_only, c)
-        rows = conn.execute(select(s.instances).where(s.instances.c.pipeline == pipeline)
-                            .order_by(s.instances.c.id)).all()
+        rows = conn.execute(
+            select(s.instances).where(s.instances.c.pipeline == pipeline).order_by(s.instances.c.id)
+        ).all()
         found = [_instance(r) for r in rows]
         return [i for i in found if i.state.live] if live_only else found
 
@@ -199,33 +234,55 @@ class Ledger:
                 raise ZombieAttemptError(
                     f"instance {instance_id} is {inst.state.value}: a new attempt may not start"
                 )
-            seq = conn.execute(select(s.pipelines.c.epoch_seq).where(s.pipelines.c.name == inst.pipeline)
-                               .with_for_update()).scalar_one() + 1
-            conn.execute(s.pipelines.update().where(s.pipelines.c.name == inst.pipeline)
-                         .values(epoch_seq=seq))
+            seq = (
+                conn.execute(
+                    select(s.pipelines.c.epoch_seq)
+                    .where(s.pipelines.c.name == inst.pipeline)
+                    .with_for_update()
+                ).scalar_one()
+                + 1
+            )
+            conn.execute(
+                s.pipelines.update().where(s.pipelines.c.name == inst.pipeline).values(epoch_seq=seq)
+            )
             self.set_instance(instance_id, conn, current_epoch=seq)
             now = time.time()
-            new_id = conn.execute(s.attempts.insert().values(
-                instance_id=instance_id, epoch=seq, state=AttemptState.RUNNING.value, app_id=app_id,
-                host=socket.gethostname(), pid=os.getpid(), started_at=now, heartbeat_at=now,
-            )).inserted_primary_key[0]
+            new_id = conn.execute(
+                s.attempts.insert().values(
+                    instance_id=instance_id,
+                    epoch=seq,
+                    state=AttemptState.RUNNING.value,
+                    app_id=app_id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    started_at=now,
+                    heartbeat_at=now,
+                )
+            ).inserted_primary_key[0]
             return _attempt(conn.execute(select(s.attempts).where(s.attempts.c.id == new_id)).one())
 
     def check_current(self, conn: Connection, attempt: Attempt) -> Instance:
         """Step 1 of every commit: lock the instance and refuse a zombie."""
         inst = self.instance(attempt.instance_id, conn, lock=True)
         if not inst.state.live:
-            raise ZombieAttemptError(f"instance {inst.id} is {inst.state.value} ({inst.error}); attempt "
-                                     f"{attempt.id} must not write")
+            raise ZombieAttemptError(
+                f"instance {inst.id} is {inst.state.value} ({inst.error}); attempt "
+                f"{attempt.id} must not write"
+            )
         if inst.current_epoch != attempt.epoch:
-            raise ZombieAttemptError(f"attempt {attempt.id} has epoch {attempt.epoch} but instance {inst.id} "
-                                     f"is at epoch {inst.current_epoch}: a newer attempt took over")
+            raise ZombieAttemptError(
+                f"attempt {attempt.id} has epoch {attempt.epoch} but instance {inst.id} "
+                f"is at epoch {inst.current_epoch}: a newer attempt took over"
+            )
         return inst
 
     def end_attempt(self, attempt_id: int, state: AttemptState, error: str | None = None) -> None:
         with self.tx() as conn:
-            conn.execute(s.attempts.update().where(s.attempts.c.id == attempt_id).values(
-                state=state.value, ended_at=time.time(), error=error))
+            conn.execute(
+                s.attempts.update()
+                .where(s.attempts.c.id == attempt_id)
+                .values(state=state.value, ended_at=time.time(), error=error)
+            )
 
     def set_attempt_app(self, attempt_id: int, app_id: str) -> None:
         with self.tx() as conn:
@@ -233,8 +290,9 @@ class Ledger:
 
     def attempts(self, instance_id: int) -> list[Attempt]:
         with self.tx() as conn:
-            rows = conn.execute(select(s.attempts).where(s.attempts.c.instance_id == instance_id)
-                                .order_by(s.attempts.c.id)).all()
+            rows = conn.execute(
+                select(s.attempts).where(s.attempts.c.instance_id == instance_id).order_by(s.attempts.c.id)
+            ).all()
         return [_attempt(r) for r in rows]
 
     def attempt(self, attempt_id: int) -> Attempt:
@@ -249,20 +307,34 @@ class Ledger:
         if conn is None:
             with self.tx() as c:
                 return self.leases(instance_id, c)
-        rows = conn.execute(select(s.leases).where(s.leases.c.instance_id == instance_id)
-                            .order_by(s.leases.c.topic, s.leases.c.partition, s.leases.c.start_offset)).all()
+        rows = conn.execute(
+            select(s.leases)
+            .where(s.leases.c.instance_id == instance_id)
+            .order_by(s.leases.c.topic, s.leases.c.partition, s.leases.c.start_offset)
+        ).all()
         return [_lease(r) for r in rows]
 
     def pipeline_leases(self, pipeline: str, conn: Connection | None = None) -> list[Lease]:
         if conn is None:
             with self.tx() as c:
                 return self.pipeline_leases(pipeline, c)
-        rows = conn.execute(select(s.leases).where(s.leases.c.pipeline == pipeline)
-                            .order_by(s.leases.c.topic, s.leases.c.partition, s.leases.c.start_offset)).all()
+        rows = conn.execute(
+            select(s.leases)
+            .where(s.leases.c.pipeline == pipeline)
+            .order_by(s.leases.c.topic, s.leases.c.partition, s.leases.c.start_offset)
+        ).all()
         return [_lease(r) for r in rows]
 
-    def open_lease(self, conn: Connection, instance: Instance, topic: str, partition: int, start: int,
-                   end: int | None = None, allow_overlap: bool = False) -> Lease:
+    def open_lease(
+        self,
+        conn: Connection,
+        instance: Instance,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int | None = None,
+        allow_overlap: bool = False,
+    ) -> Lease:
         """Open ``[start, end)`` for the instance; refuse an overlap with any other lease.
 
         ``allow_overlap`` is for a deliberate reprocessing (recovery with allow_reprocess): the
@@ -279,10 +351,18 @@ class Ledger:
                     f"lease {other.id} [{other.start_offset}, {other.end_offset or '...'}) of instance "
                     f"{other.instance_id}"
                 )
-        new_id = conn.execute(s.leases.insert().values(
-            pipeline=instance.pipeline, instance_id=instance.id, topic=topic, partition=partition,
-            start_offset=start, end_offset=end, next_offset=start, opened_at=time.time(),
-        )).inserted_primary_key[0]
+        new_id = conn.execute(
+            s.leases.insert().values(
+                pipeline=instance.pipeline,
+                instance_id=instance.id,
+                topic=topic,
+                partition=partition,
+                start_offset=start,
+                end_offset=end,
+                next_offset=start,
+                opened_at=time.time(),
+            )
+        ).inserted_primary_key[0]
         return _lease(conn.execute(select(s.leases).where(s.leases.c.id == new_id)).one())
 
     def close_lease(self, conn: Connection, lease: Lease, end: int) -> None:
@@ -291,11 +371,14 @@ class Ledger:
             raise LedgerError(f"lease {lease.id} is already closed at {lease.end_offset}")
         if end < lease.next_offset:
             raise LedgerError(f"cannot close lease {lease.id} at {end}: its cursor is at {lease.next_offset}")
-        conn.execute(s.leases.update().where(s.leases.c.id == lease.id)
-                     .values(end_offset=end, closed_at=time.time()))
+        conn.execute(
+            s.leases.update().where(s.leases.c.id == lease.id).values(end_offset=end, closed_at=time.time())
+        )
 
     def reopen_lease(self, conn: Connection, lease: Lease) -> None:
-        conn.execute(s.leases.update().where(s.leases.c.id == lease.id).values(end_offset=None, closed_at=None))
+        conn.execute(
+            s.leases.update().where(s.leases.c.id == lease.id).values(end_offset=None, closed_at=None)
+        )
 
     def delete_lease(self, conn: Connection, lease: Lease) -> None:
         if lease.next_offset != lease.start_offset:
@@ -306,9 +389,11 @@ class Ledger:
         """Compare-and-set: move the cursor only from the value this commit read."""
         from relay.errors import CursorConflictError
 
-        result = conn.execute(s.leases.update()
-                              .where(s.leases.c.id == lease.id, s.leases.c.next_offset == lease.next_offset)
-                              .values(next_offset=new_offset))
+        result = conn.execute(
+            s.leases.update()
+            .where(s.leases.c.id == lease.id, s.leases.c.next_offset == lease.next_offset)
+            .values(next_offset=new_offset)
+        )
         if result.rowcount != 1:
             raise CursorConflictError(
                 f"cursor of lease {lease.id} ({lease.topic}[{lease.partition}]) moved away from "
@@ -327,8 +412,11 @@ class Ledger:
             if lease.instance_id == to.id or lease.instance_id in live or lease.drained:
                 continue
             end = lease.end_offset
-            conn.execute(s.leases.update().where(s.leases.c.id == lease.id)
-                         .values(end_offset=lease.next_offset, closed_at=time.time()))
+            conn.execute(
+                s.leases.update()
+                .where(s.leases.c.id == lease.id)
+                .values(end_offset=lease.next_offset, closed_at=time.time())
+            )
             if end is None or lease.next_offset < end:
                 taken.append(self.open_lease(conn, to, lease.topic, lease.partition, lease.next_offset, end))
         return taken
@@ -343,29 +431,55 @@ class Ledger:
         return out
 
     # ------------------------------------------------------------------------ gaps, results
-    def record_gap(self, conn: Connection, pipeline: str, topic: str, partition: int, start: int, end: int,
-                   kind: str, reason: str) -> None:
+    def record_gap(
+        self,
+        conn: Connection,
+        pipeline: str,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        kind: str,
+        reason: str,
+    ) -> None:
         if end <= start:
             return
-        conn.execute(s.gaps.insert().values(pipeline=pipeline, topic=topic, partition=partition,
-                                            start_offset=start, end_offset=end, kind=kind, reason=reason,
-                                            created_at=time.time()))
+        conn.execute(
+            s.gaps.insert().values(
+                pipeline=pipeline,
+                topic=topic,
+                partition=partition,
+                start_offset=start,
+                end_offset=end,
+                kind=kind,
+                reason=reason,
+                created_at=time.time(),
+            )
+        )
 
     def gaps(self, pipeline: str) -> list[Gap]:
         with self.tx() as conn:
-            rows = conn.execute(select(s.gaps).where(s.gaps.c.pipeline == pipeline).order_by(s.gaps.c.id)).all()
+            rows = conn.execute(
+                select(s.gaps).where(s.gaps.c.pipeline == pipeline).order_by(s.gaps.c.id)
+            ).all()
         return [_gap(r) for r in rows]
 
     def message_count(self, pipeline: str) -> int:
         with self.tx() as conn:
-            value = conn.execute(select(s.pipelines.c.message_count)
-                                 .where(s.pipelines.c.name == pipeline)).scalar()
+            value = conn.execute(
+                select(s.pipelines.c.message_count).where(s.pipelines.c.name == pipeline)
+            ).scalar()
         return int(value or 0)
 
     def dead_letter_count(self, pipeline: str) -> int:
         with self.tx() as conn:
-            return int(conn.execute(select(func.count()).select_from(s.dead_letters)
-                                    .where(s.dead_letters.c.pipeline == pipeline)).scalar_one())
+            return int(
+                conn.execute(
+                    select(func.count())
+                    .select_from(s.dead_letters)
+                    .where(s.dead_letters.c.pipeline == pipeline)
+                ).scalar_one()
+            )
 
     def recent_batches(self, pipeline: str, limit: int = 50, instance_id: int | None = None) -> list[dict]:
         q = select(s.batches).where(s.batches.c.pipeline == pipeline)
@@ -377,35 +491,64 @@ class Ledger:
 
     def save_report(self, pipeline: str, kind: str, status: str, body: dict) -> int:
         with self.tx() as conn:
-            return int(conn.execute(s.reports.insert().values(
-                pipeline=pipeline, kind=kind, status=status, body=body, created_at=time.time(),
-            )).inserted_primary_key[0])
+            return int(
+                conn.execute(
+                    s.reports.insert().values(
+                        pipeline=pipeline,
+                        kind=kind,
+                        status=status,
+                        body=body,
+                        created_at=time.time(),
+                    )
+                ).inserted_primary_key[0]
+            )
 
     def reports(self, pipeline: str, kind: str, limit: int = 10) -> list[dict]:
         with self.tx() as conn:
-            rows = conn.execute(select(s.reports).where(s.reports.c.pipeline == pipeline, s.reports.c.kind == kind)
-                                .order_by(s.reports.c.id.desc()).limit(limit)).all()
+            rows = conn.execute(
+                select(s.reports)
+                .where(s.reports.c.pipeline == pipeline, s.reports.c.kind == kind)
+                .order_by(s.reports.c.id.desc())
+                .limit(limit)
+            ).all()
         return [dict(r._mapping) for r in rows]
 
     # ---------------------------------------------------------- operations (upgrade, recovery)
-    def open_operation(self, pipeline: str, kind: str, state: str, params: dict, data: dict,
-                       terminal: tuple[str, ...]) -> dict:
+    def open_operation(
+        self, pipeline: str, kind: str, state: str, params: dict, data: dict, terminal: tuple[str, ...]
+    ) -> dict:
         """Start an operation unless one of any kind is still in progress for the pipeline."""
         with self.tx() as conn:
             self.ensure_pipeline(pipeline, conn)
             conn.execute(select(s.pipelines).where(s.pipelines.c.name == pipeline).with_for_update())
-            busy = [dict(r._mapping) for r in conn.execute(select(s.operations).where(
-                s.operations.c.pipeline == pipeline, s.operations.c.state.not_in(terminal))).all()]
+            busy = [
+                dict(r._mapping)
+                for r in conn.execute(
+                    select(s.operations).where(
+                        s.operations.c.pipeline == pipeline, s.operations.c.state.not_in(terminal)
+                    )
+                ).all()
+            ]
             if busy:
                 op = busy[0]
                 raise OperationInProgressError(
                     f"{op['kind']} {op['id']} of pipeline {pipeline} is in progress (state {op['state']}): "
-                    "resume or finish it first", op)
+                    "resume or finish it first",
+                    op,
+                )
             now = time.time()
-            op_id = conn.execute(s.operations.insert().values(
-                pipeline=pipeline, kind=kind, state=state, params=params, data=data,
-                history=[{"state": state, "at": now}], created_at=now, updated_at=now,
-            )).inserted_primary_key[0]
+            op_id = conn.execute(
+                s.operations.insert().values(
+                    pipeline=pipeline,
+                    kind=kind,
+                    state=state,
+                    params=params,
+                    data=data,
+                    history=[{"state": state, "at": now}],
+                    created_at=now,
+                    updated_at=now,
+                )
+            ).inserted_primary_key[0]
             return dict(conn.execute(select(s.operations).where(s.operations.c.id == op_id)).one()._mapping)
 
     def operation(self, op_id: int) -> dict:
@@ -420,24 +563,45 @@ class Ledger:
         if kind:
             q = q.where(s.operations.c.kind == kind)
         with self.tx() as conn:
-            return [dict(r._mapping) for r in conn.execute(q.order_by(s.operations.c.id.desc()).limit(limit)).all()]
+            return [
+                dict(r._mapping)
+                for r in conn.execute(q.order_by(s.operations.c.id.desc()).limit(limit)).all()
+            ]
 
     def in_progress(self, pipeline: str, terminal: tuple[str, ...]) -> list[dict]:
         with self.tx() as conn:
-            return [dict(r._mapping) for r in conn.execute(select(s.operations).where(
-                s.operations.c.pipeline == pipeline, s.operations.c.state.not_in(terminal))).all()]
+            return [
+                dict(r._mapping)
+                for r in conn.execute(
+                    select(s.operations).where(
+                        s.operations.c.pipeline == pipeline, s.operations.c.state.not_in(terminal)
+                    )
+                ).all()
+            ]
 
     def move_operation(self, op_id: int, state: str, error: str | None = None, **data: Any) -> dict:
         """Persist a state transition (with its time) and merge ``data``."""
         with self.tx() as conn:
-            op = dict(conn.execute(select(s.operations).where(s.operations.c.id == op_id).with_for_update())
-                      .one()._mapping)
+            op = dict(
+                conn.execute(select(s.operations).where(s.operations.c.id == op_id).with_for_update())
+                .one()
+                ._mapping
+            )
             now = time.time()
             history = list(op["history"])
             if history[-1]["state"] != state:
                 history.append({"state": state, "at": now})
             merged = {**op["data"], **data}
-            conn.execute(s.operations.update().where(s.operations.c.id == op_id).values(
-                state=state, data=merged, history=history, error=error if error else op["error"], updated_at=now))
+            conn.execute(
+                s.operations.update()
+                .where(s.operations.c.id == op_id)
+                .values(
+                    state=state,
+                    data=merged,
+                    history=history,
+                    error=error if error else op["error"],
+                    updated_at=now,
+                )
+            )
             op.update(state=state, data=merged, history=history, updated_at=now)
             return op

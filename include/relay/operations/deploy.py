@@ -22,8 +22,14 @@ def _noop(_: str) -> None:
     pass
 
 
-def create_instance(config: RelayConfig, ledger: Ledger, version: str, color: Color,
-                    starting: str = "earliest", require_no_live: bool = True) -> tuple[Instance, list[dict]]:
+def create_instance(
+    config: RelayConfig,
+    ledger: Ledger,
+    version: str,
+    color: Color,
+    starting: str = "earliest",
+    require_no_live: bool = True,
+) -> tuple[Instance, list[dict]]:
     """Create an instance holding every unfinished range of the pipeline (or the starting position).
 
     One transaction, which also re-checks that no other instance is live (two deploys racing start one).
@@ -41,7 +47,9 @@ def create_instance(config: RelayConfig, ledger: Ledger, version: str, color: Co
             raise OperationError(f"pipeline {config.pipeline} is already running: instance {live[0].id}")
         inst = ledger.create_instance(conn, config.pipeline, version, color, "", "")
         ckpt = config.checkpoints_dir / f"instance-{inst.id}"
-        ledger.set_instance(inst.id, conn, checkpoint_dir=str(ckpt), app_name=app_name(config.pipeline, inst.id))
+        ledger.set_instance(
+            inst.id, conn, checkpoint_dir=str(ckpt), app_name=app_name(config.pipeline, inst.id)
+        )
         first_start = not ledger.pipeline_leases(config.pipeline, conn)
         taken = ledger.take_over(conn, config.pipeline, inst)
         if first_start:
@@ -51,8 +59,9 @@ def create_instance(config: RelayConfig, ledger: Ledger, version: str, color: Co
     return inst, [lease.to_json() for lease in taken]
 
 
-def launch_or_fail(config: RelayConfig, ledger: Ledger, inst: Instance, local: bool,
-                   extra_args: list[str] | None = None) -> str:
+def launch_or_fail(
+    config: RelayConfig, ledger: Ledger, inst: Instance, local: bool, extra_args: list[str] | None = None
+) -> str:
     """Launch; an instance whose driver could not even be submitted is FAILED at once, not left STARTING."""
     try:
         return launch(config, ledger, inst, local=local, extra_args=extra_args)
@@ -61,25 +70,43 @@ def launch_or_fail(config: RelayConfig, ledger: Ledger, inst: Instance, local: b
         raise
 
 
-def deploy(config: RelayConfig, version: str = "v1", local: bool = False, starting: str = "earliest",
-           wait_s: float = 300.0, progress: Progress = _noop, extra_args: list[str] | None = None) -> dict:
+def deploy(
+    config: RelayConfig,
+    version: str = "v1",
+    local: bool = False,
+    starting: str = "earliest",
+    wait_s: float = 300.0,
+    progress: Progress = _noop,
+    extra_args: list[str] | None = None,
+) -> dict:
     """Start the pipeline unless something of it runs (ledger AND master agree); wait for its first commit."""
     t0 = time.time()
     ledger = Ledger(config.ledger_url)
     inv = take_inventory(config, ledger)
     if inv.live or inv.apps:
-        raise OperationError(f"pipeline {config.pipeline} is already running: {inv.describe()}. "
-                             "Nothing was started (stop it first, or upgrade it).")
+        raise OperationError(
+            f"pipeline {config.pipeline} is already running: {inv.describe()}. "
+            "Nothing was started (stop it first, or upgrade it)."
+        )
     if inv.master_error and not local:
         raise OperationError(f"cannot check the Spark master: {inv.master_error}")
     last = ledger.instances(config.pipeline)
     color = last[-1].color if last else Color.BLUE
     inst, leases = create_instance(config, ledger, version, color, starting)
-    progress(f"instance {inst.id} ({version}, {color.value}) holds {len(leases)} lease(s); starting its driver")
+    progress(
+        f"instance {inst.id} ({version}, {color.value}) holds {len(leases)} lease(s); starting its driver"
+    )
     submission = launch_or_fail(config, ledger, inst, local=local, extra_args=extra_args)
     progress(f"driver {submission} submitted; waiting for the first commit")
     first = wait_until_active(config, ledger, inst.id, wait_s, progress)
     progress(f"instance {inst.id} is {first.state} after {first.seconds:.1f}s")
-    return {"pipeline": config.pipeline, "instance_id": inst.id, "version": version, "color": color.value,
-            "submission_id": submission, "leases": leases, "first_commit_s": round(first.seconds, 2),
-            "total_s": round(time.time() - t0, 2)}
+    return {
+        "pipeline": config.pipeline,
+        "instance_id": inst.id,
+        "version": version,
+        "color": color.value,
+        "submission_id": submission,
+        "leases": leases,
+        "first_commit_s": round(first.seconds, 2),
+        "total_s": round(time.time() - t0, 2),
+    }

@@ -28,10 +28,14 @@ class Inventory:
         return [a for a in self.apps if a.name not in known]
 
     def describe(self) -> str:
-        parts = [f"instance {i.id} ({i.version}, {i.color.value}, {i.state.value}, driver {i.submission_id})"
-                 for i in self.live]
-        parts += [f"Spark application {a.id} named {a.name} ({a.state.value}) unknown to the ledger"
-                  for a in self.unknown_apps]
+        parts = [
+            f"instance {i.id} ({i.version}, {i.color.value}, {i.state.value}, driver {i.submission_id})"
+            for i in self.live
+        ]
+        parts += [
+            f"Spark application {a.id} named {a.name} ({a.state.value}) unknown to the ledger"
+            for a in self.unknown_apps
+        ]
         return "; ".join(parts) or "nothing"
 
 
@@ -57,15 +61,23 @@ def take_inventory(config: RelayConfig, ledger: Ledger, reconcile: bool = True) 
         if not running and inst.submission_id is None:
             # Not launched yet (or launch failed): alive only while something heartbeats for it.
             attempts = ledger.attempts(inst.id)
-            running = any(a.state is AttemptState.RUNNING and a.heartbeat_at > time.time() - STALE_HEARTBEAT_S
-                          for a in attempts) or inst.created_at > time.time() - STALE_HEARTBEAT_S
+            running = (
+                any(
+                    a.state is AttemptState.RUNNING and a.heartbeat_at > time.time() - STALE_HEARTBEAT_S
+                    for a in attempts
+                )
+                or inst.created_at > time.time() - STALE_HEARTBEAT_S
+            )
         if running or any(a.name == inst.app_name for a in inv.apps):
             inv.live.append(inst)
         else:
             inv.dead.append(inst)
             if reconcile:
-                ledger.set_instance(inst.id, state=InstanceState.FAILED,
-                                    error=inst.error or "driver gone (found by inventory)")
+                ledger.set_instance(
+                    inst.id,
+                    state=InstanceState.FAILED,
+                    error=inst.error or "driver gone (found by inventory)",
+                )
                 for a in ledger.attempts(inst.id):
                     if a.state is AttemptState.RUNNING:
                         ledger.end_attempt(a.id, AttemptState.CRASHED, "driver gone (found by inventory)")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from relay import checkpoint
 from relay.config import RelayConfig
@@ -73,19 +73,27 @@ class RecoveryPlan:
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
-        lines.append(f"strategy {self.strategy}: {self.total_lost} record(s) declared lost, "
-                     f"{self.total_skipped} skipped on purpose, {self.total_reprocess} applied again")
+        lines.append(
+            f"strategy {self.strategy}: {self.total_lost} record(s) declared lost, "
+            f"{self.total_skipped} skipped on purpose, {self.total_reprocess} applied again"
+        )
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data.update(total_lost=self.total_lost, total_skipped=self.total_skipped,
-                    total_reprocess=self.total_reprocess)
+        data.update(
+            total_lost=self.total_lost, total_skipped=self.total_skipped, total_reprocess=self.total_reprocess
+        )
         return data
 
 
-def plan_recovery(config: RelayConfig, strategy: str, timestamp_ms: int | None = None,
-                  offsets: dict[int, int] | None = None, ledger: Ledger | None = None) -> RecoveryPlan:
+def plan_recovery(
+    config: RelayConfig,
+    strategy: str,
+    timestamp_ms: int | None = None,
+    offsets: dict[int, int] | None = None,
+    ledger: Ledger | None = None,
+) -> RecoveryPlan:
     """Targets per partition. ``earliest`` resumes at the cursor, or at the earliest offset still
     available when retention took the cursor; ``latest`` jumps to the end; ``timestamp`` to the first
     offset at or after the time (the broker's own lookup); ``offsets`` to explicit offsets.
@@ -109,8 +117,10 @@ def plan_recovery(config: RelayConfig, strategy: str, timestamp_ms: int | None =
         lo, hi = earliest.get(p, 0), latest[p]
         cur = min(cursors[p]) if p in cursors else None
         if len(cursors.get(p, [])) > 1:
-            raise OperationError(f"partition {p} has {len(cursors[p])} unfinished leases (an interrupted "
-                                 "upgrade): resume the upgrade or run relay deploy before a recovery")
+            raise OperationError(
+                f"partition {p} has {len(cursors[p])} unfinished leases (an interrupted "
+                "upgrade): resume the upgrade or run relay deploy before a recovery"
+            )
         base = cur if cur is not None else lo
         if strategy == "earliest":
             target = max(base, lo)
@@ -137,30 +147,54 @@ def plan_recovery(config: RelayConfig, strategy: str, timestamp_ms: int | None =
     return plan
 
 
-def recover(config: RelayConfig, strategy: str = "earliest", timestamp_ms: int | None = None,
-            offsets: dict[int, int] | None = None, dry_run: bool = True, reason: str = "",
-            allow_reprocess: bool = False, local: bool = False, wait_s: float = 300.0,
-            version: str | None = None, progress: Progress = _noop) -> dict:
+def recover(
+    config: RelayConfig,
+    strategy: str = "earliest",
+    timestamp_ms: int | None = None,
+    offsets: dict[int, int] | None = None,
+    dry_run: bool = True,
+    reason: str = "",
+    allow_reprocess: bool = False,
+    local: bool = False,
+    wait_s: float = 300.0,
+    version: str | None = None,
+    progress: Progress = _noop,
+) -> dict:
     """Plan (always) and, unless ``dry_run``, execute the recovery."""
     ledger = Ledger(config.ledger_url)
     busy = [o for o in ledger.in_progress(config.pipeline, ALL_TERMINAL) if o["kind"] == "upgrade"]
     if busy:
-        raise OperationInProgressError(f"upgrade {busy[0]['id']} of {config.pipeline} is in progress "
-                                       f"(state {busy[0]['state']}): a recovery is refused until it ends", busy[0])
+        raise OperationInProgressError(
+            f"upgrade {busy[0]['id']} of {config.pipeline} is in progress "
+            f"(state {busy[0]['state']}): a recovery is refused until it ends",
+            busy[0],
+        )
     plan = plan_recovery(config, strategy, timestamp_ms, offsets, ledger)
     progress("recovery plan:\n" + plan.table())
     result = {"pipeline": config.pipeline, "dry_run": dry_run, "plan": plan.to_json()}
     if plan.total_reprocess and not allow_reprocess:
-        raise OperationError(f"the plan moves cursors backwards over {plan.total_reprocess} applied record(s); "
-                             "set allow_reprocess to apply them again (the sink must be idempotent)")
+        raise OperationError(
+            f"the plan moves cursors backwards over {plan.total_reprocess} applied record(s); "
+            "set allow_reprocess to apply them again (the sink must be idempotent)"
+        )
     if dry_run:
         progress("dry run: nothing was changed")
         return result
     t0 = time.time()
-    op = ledger.open_operation(config.pipeline, "recovery", "RECOVERING",
-                               {"strategy": strategy, "timestamp_ms": timestamp_ms, "offsets": offsets,
-                                "reason": reason, "allow_reprocess": allow_reprocess},
-                               {"plan": plan.to_json()}, ALL_TERMINAL)
+    op = ledger.open_operation(
+        config.pipeline,
+        "recovery",
+        "RECOVERING",
+        {
+            "strategy": strategy,
+            "timestamp_ms": timestamp_ms,
+            "offsets": offsets,
+            "reason": reason,
+            "allow_reprocess": allow_reprocess,
+        },
+        {"plan": plan.to_json()},
+        ALL_TERMINAL,
+    )
     try:
         # Step 1. Stop whatever runs and verify that nothing does.
         stop(config, local=local, progress=progress)
@@ -179,24 +213,53 @@ def recover(config: RelayConfig, strategy: str = "earliest", timestamp_ms: int |
         with ledger.tx() as conn:
             for lease in ledger.pipeline_leases(config.pipeline, conn):
                 if lease.topic == config.topic and not lease.drained:
-                    conn.execute(s.leases.update().where(s.leases.c.id == lease.id)
-                                 .values(end_offset=lease.next_offset, closed_at=time.time()))
+                    conn.execute(
+                        s.leases.update()
+                        .where(s.leases.c.id == lease.id)
+                        .values(end_offset=lease.next_offset, closed_at=time.time())
+                    )
             for pp in plan.partitions:
                 if pp.cursor is None:
                     continue
                 start = pp.cursor
-                ledger.record_gap(conn, config.pipeline, config.topic, pp.partition, start, start + pp.lost, "lost",
-                                  f"{why}: deleted by retention before it was applied")
-                ledger.record_gap(conn, config.pipeline, config.topic, pp.partition, start + pp.lost,
-                                  start + pp.lost + pp.skipped, "skipped", f"{why}: skipped on purpose")
+                ledger.record_gap(
+                    conn,
+                    config.pipeline,
+                    config.topic,
+                    pp.partition,
+                    start,
+                    start + pp.lost,
+                    "lost",
+                    f"{why}: deleted by retention before it was applied",
+                )
+                ledger.record_gap(
+                    conn,
+                    config.pipeline,
+                    config.topic,
+                    pp.partition,
+                    start + pp.lost,
+                    start + pp.lost + pp.skipped,
+                    "skipped",
+                    f"{why}: skipped on purpose",
+                )
             inst: Instance = ledger.create_instance(
-                conn, config.pipeline, version or (previous[-1].version if previous else "v1"),
-                previous[-1].color if previous else Color.BLUE, "", "")
-            ledger.set_instance(inst.id, conn, checkpoint_dir=str(config.checkpoints_dir / f"instance-{inst.id}"),
-                                app_name=app_name(config.pipeline, inst.id))
+                conn,
+                config.pipeline,
+                version or (previous[-1].version if previous else "v1"),
+                previous[-1].color if previous else Color.BLUE,
+                "",
+                "",
+            )
+            ledger.set_instance(
+                inst.id,
+                conn,
+                checkpoint_dir=str(config.checkpoints_dir / f"instance-{inst.id}"),
+                app_name=app_name(config.pipeline, inst.id),
+            )
             for pp in plan.partitions:
-                ledger.open_lease(conn, inst, config.topic, pp.partition, pp.target,
-                                  allow_overlap=allow_reprocess)
+                ledger.open_lease(
+                    conn, inst, config.topic, pp.partition, pp.target, allow_overlap=allow_reprocess
+                )
             inst = ledger.instance(inst.id, conn)
         # Step 4. Start the fresh instance and wait for its first commit.
         launch_or_fail(config, ledger, inst, local=local)
@@ -204,8 +267,12 @@ def recover(config: RelayConfig, strategy: str = "earliest", timestamp_ms: int |
     except Exception as exc:
         ledger.move_operation(op["id"], "FAILED", error=f"{type(exc).__name__}: {exc}")
         raise
-    data = {"instance_id": inst.id, "archived_checkpoints": archived, "first_commit_s": round(first.seconds, 2),
-            "total_s": round(time.time() - t0, 2)}
+    data = {
+        "instance_id": inst.id,
+        "archived_checkpoints": archived,
+        "first_commit_s": round(first.seconds, 2),
+        "total_s": round(time.time() - t0, 2),
+    }
     op = ledger.move_operation(op["id"], "EXECUTED", **data)
     result.update(data, recovery_id=op["id"])
     ledger.save_report(config.pipeline, "recovery", "EXECUTED", json.loads(json.dumps(result, default=str)))

@@ -25,8 +25,9 @@ def _current_attempt_stopped(ledger: Ledger, instance_id: int) -> bool:
     return any(a.epoch == epoch and a.state is AttemptState.STOPPED for a in ledger.attempts(instance_id))
 
 
-def stop_instance(config: RelayConfig, ledger: Ledger, inst: Instance, timeout_s: float = 120.0,
-                  progress: Progress = _noop) -> dict:
+def stop_instance(
+    config: RelayConfig, ledger: Ledger, inst: Instance, timeout_s: float = 120.0, progress: Progress = _noop
+) -> dict:
     """Ask one instance to stop between batches; kill and fence it if it does not within the timeout."""
     t0 = time.time()
     ledger.request_stop(inst.id)
@@ -54,12 +55,16 @@ def wait_no_apps(config: RelayConfig, timeout_s: float = 60.0) -> None:
         if not apps:
             return
         if time.time() > deadline:
-            raise OperationError("still running according to the Spark master: "
-                                 + ", ".join(f"{a.id} ({a.name})" for a in apps))
+            raise OperationError(
+                "still running according to the Spark master: "
+                + ", ".join(f"{a.id} ({a.name})" for a in apps)
+            )
         time.sleep(0.5)
 
 
-def stop(config: RelayConfig, timeout_s: float = 120.0, local: bool = False, progress: Progress = _noop) -> dict:
+def stop(
+    config: RelayConfig, timeout_s: float = 120.0, local: bool = False, progress: Progress = _noop
+) -> dict:
     ledger = Ledger(config.ledger_url)
     inv = take_inventory(config, ledger)
     stopped = []

@@ -55,11 +55,19 @@ def parse_handoff(handoff: str, topic: str) -> dict[int, int] | None:
         data = json.loads(handoff)
         return {int(p): int(o) for p, o in data[topic].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f'handoff must be "latest" or JSON like {{"{topic}": {{"0": 42}}}}, got {handoff!r}') from exc
+        raise ConfigError(
+            f'handoff must be "latest" or JSON like {{"{topic}": {{"0": 42}}}}, got {handoff!r}'
+        ) from exc
 
 
-def _handoff(config: RelayConfig, ledger: Ledger, op_id: int, blue: Instance, version: str,
-             explicit: dict[int, int] | None) -> Instance:
+def _handoff(
+    config: RelayConfig,
+    ledger: Ledger,
+    op_id: int,
+    blue: Instance,
+    version: str,
+    explicit: dict[int, int] | None,
+) -> Instance:
     """One transaction: close blue's open leases at H, create green with leases [H, ...)."""
     with KafkaOffsets(config.kafka_bootstrap) as kafka:
         latest = kafka.latest(config.topic)
@@ -69,19 +77,30 @@ def _handoff(config: RelayConfig, ledger: Ledger, op_id: int, blue: Instance, ve
         for lease in open_leases:
             target = (explicit or latest).get(lease.partition, latest.get(lease.partition, lease.next_offset))
             if target < lease.next_offset:
-                raise ConfigError(f"handoff offset {target} of {lease.topic}[{lease.partition}] is below blue's "
-                                  f"cursor {lease.next_offset}: those offsets are already applied")
+                raise ConfigError(
+                    f"handoff offset {target} of {lease.topic}[{lease.partition}] is below blue's "
+                    f"cursor {lease.next_offset}: those offsets are already applied"
+                )
             h[lease.partition] = target
             ledger.close_lease(conn, lease, target)
         green = ledger.create_instance(conn, config.pipeline, version, blue.color.other, "", "")
-        ledger.set_instance(green.id, conn, checkpoint_dir=str(config.checkpoints_dir / f"instance-{green.id}"),
-                            app_name=app_name(config.pipeline, green.id))
+        ledger.set_instance(
+            green.id,
+            conn,
+            checkpoint_dir=str(config.checkpoints_dir / f"instance-{green.id}"),
+            app_name=app_name(config.pipeline, green.id),
+        )
         for partition, offset in sorted(h.items()):
             ledger.open_lease(conn, green, config.topic, partition, offset)
         ledger.set_instance(blue.id, conn, state=InstanceState.DRAINING)
         green = ledger.instance(green.id, conn)
-    ledger.move_operation(op_id, UpgradeState.GREEN_STARTING.value, green_id=green.id,
-                          handoff={str(p): o for p, o in h.items()}, handoff_at=time.time())
+    ledger.move_operation(
+        op_id,
+        UpgradeState.GREEN_STARTING.value,
+        green_id=green.id,
+        handoff={str(p): o for p, o in h.items()},
+        handoff_at=time.time(),
+    )
     return green
 
 
@@ -110,20 +129,35 @@ def _abort(config: RelayConfig, ledger: Ledger, op: dict, reason: str, progress:
 
 
 def _result(ledger: Ledger, op: dict) -> dict:
-    return {"upgrade_id": op["id"], "state": op["state"], "error": op.get("error"), **op["data"],
-            "history": op["history"]}
+    return {
+        "upgrade_id": op["id"],
+        "state": op["state"],
+        "error": op.get("error"),
+        **op["data"],
+        "history": op["history"],
+    }
 
 
 def _applied_by(ledger: Ledger, instance_id: int) -> int:
     from sqlalchemy import func, select
 
     with ledger.tx() as conn:
-        return int(conn.execute(select(func.count()).select_from(s.messages)
-                                .where(s.messages.c.instance_id == instance_id)).scalar_one())
+        return int(
+            conn.execute(
+                select(func.count()).select_from(s.messages).where(s.messages.c.instance_id == instance_id)
+            ).scalar_one()
+        )
 
 
-def upgrade(config: RelayConfig, version: str, handoff: str = "latest", grace_s: float = 300.0,
-            drain_timeout_s: float = 600.0, local: bool = False, progress: Progress = _noop) -> dict:
+def upgrade(
+    config: RelayConfig,
+    version: str,
+    handoff: str = "latest",
+    grace_s: float = 300.0,
+    drain_timeout_s: float = 600.0,
+    local: bool = False,
+    progress: Progress = _noop,
+) -> dict:
     """Run (or resume) the blue-green upgrade of the pipeline to ``version``."""
     validate_version(version)
     explicit = parse_handoff(handoff, config.topic)
@@ -134,24 +168,38 @@ def upgrade(config: RelayConfig, version: str, handoff: str = "latest", grace_s:
     if running and running[0]["kind"] == "upgrade":
         op = running[0]
         if op["params"]["version"] != version:
-            raise OperationError(f"upgrade {op['id']} to {op['params']['version']} is in progress "
-                                 f"(state {op['state']}): finish it before upgrading to {version}")
+            raise OperationError(
+                f"upgrade {op['id']} to {op['params']['version']} is in progress "
+                f"(state {op['state']}): finish it before upgrading to {version}"
+            )
         progress(f"resuming upgrade {op['id']} at state {op['state']}")
     else:
         op = _preflight(config, ledger, version, handoff, grace_s, drain_timeout_s, local, progress)
     result = _drive(config, ledger, op, explicit, local, progress)
-    ledger.save_report(config.pipeline, "upgrade", result["state"], json.loads(json.dumps(result, default=str)))
+    ledger.save_report(
+        config.pipeline, "upgrade", result["state"], json.loads(json.dumps(result, default=str))
+    )
     return result
 
 
-def _preflight(config: RelayConfig, ledger: Ledger, version: str, handoff: str, grace_s: float,
-               drain_timeout_s: float, local: bool, progress: Progress) -> dict:
+def _preflight(
+    config: RelayConfig,
+    ledger: Ledger,
+    version: str,
+    handoff: str,
+    grace_s: float,
+    drain_timeout_s: float,
+    local: bool,
+    progress: Progress,
+) -> dict:
     inv = take_inventory(config, ledger)
     if inv.master_error and not local:
         raise OperationError(f"cannot check the Spark master: {inv.master_error}")
     if len(inv.live) != 1 or inv.unknown_apps or (not local and len(inv.apps) != 1):
-        raise OperationError(f"an upgrade needs exactly one running instance of {config.pipeline}, "
-                             f"found: {inv.describe()}. Nothing was changed.")
+        raise OperationError(
+            f"an upgrade needs exactly one running instance of {config.pipeline}, "
+            f"found: {inv.describe()}. Nothing was changed."
+        )
     blue = inv.live[0]
     if blue.state is not InstanceState.ACTIVE:
         raise OperationError(f"instance {blue.id} is {blue.state.value}, not ACTIVE: nothing was changed")
@@ -160,33 +208,51 @@ def _preflight(config: RelayConfig, ledger: Ledger, version: str, handoff: str, 
     if not artifact(config, version).exists():
         progress(f"building artifact {version} from the current code")
         build_artifact(config, version)
-    op = ledger.open_operation(config.pipeline, "upgrade", UpgradeState.PREFLIGHT.value,
-                               {"version": version, "handoff": handoff, "grace_s": grace_s,
-                                "drain_timeout_s": drain_timeout_s, "local": local},
-                               {"blue_id": blue.id, "blue_version": blue.version, "started_at": time.time()},
-                               ALL_TERMINAL)
+    op = ledger.open_operation(
+        config.pipeline,
+        "upgrade",
+        UpgradeState.PREFLIGHT.value,
+        {
+            "version": version,
+            "handoff": handoff,
+            "grace_s": grace_s,
+            "drain_timeout_s": drain_timeout_s,
+            "local": local,
+        },
+        {"blue_id": blue.id, "blue_version": blue.version, "started_at": time.time()},
+        ALL_TERMINAL,
+    )
     progress(f"upgrade {op['id']}: blue is instance {blue.id} ({blue.version}); target {version}")
     return op
 
 
-def _drive(config: RelayConfig, ledger: Ledger, op: dict, explicit: dict[int, int] | None, local: bool,
-           progress: Progress) -> dict:
+def _drive(
+    config: RelayConfig,
+    ledger: Ledger,
+    op: dict,
+    explicit: dict[int, int] | None,
+    local: bool,
+    progress: Progress,
+) -> dict:
     params = op["params"]
     while op["state"] not in TERMINAL:
         state = UpgradeState(op["state"])
         blue = ledger.instance(op["data"]["blue_id"])
         if state is UpgradeState.PREFLIGHT:
             green = _handoff(config, ledger, op["id"], blue, params["version"], explicit)
-            progress(f"handoff: blue closes at {ledger.operation(op['id'])['data']['handoff']}; green is "
-                     f"instance {green.id}")
+            progress(
+                f"handoff: blue closes at {ledger.operation(op['id'])['data']['handoff']}; green is "
+                f"instance {green.id}"
+            )
         elif state is UpgradeState.GREEN_STARTING:
             green = ledger.instance(op["data"]["green_id"])
             if green.submission_id is None:
                 try:
                     launch_or_fail(config, ledger, green, local=local)
                 except Exception as exc:  # noqa: BLE001 - any launch failure aborts before green commits
-                    return _abort(config, ledger, ledger.operation(op["id"]), f"green launch failed: {exc}",
-                                  progress)
+                    return _abort(
+                        config, ledger, ledger.operation(op["id"]), f"green launch failed: {exc}", progress
+                    )
             elapsed = time.time() - op["data"].get("handoff_at", time.time())
             try:
                 wait_until_active(config, ledger, green.id, max(params["grace_s"] - elapsed, 1.0), progress)
@@ -195,36 +261,52 @@ def _drive(config: RelayConfig, ledger: Ledger, op: dict, explicit: dict[int, in
                     progress(f"green committed but then: {exc}; going forward")
                 else:
                     return _abort(config, ledger, ledger.operation(op["id"]), str(exc), progress)
-            ledger.move_operation(op["id"], UpgradeState.DRAINING_BLUE.value,
-                                  green_first_commit_s=round(time.time() - op["data"]["handoff_at"], 2))
+            ledger.move_operation(
+                op["id"],
+                UpgradeState.DRAINING_BLUE.value,
+                green_first_commit_s=round(time.time() - op["data"]["handoff_at"], 2),
+            )
             progress(f"green (instance {green.id}) committed; blue drains up to the handoff")
         elif state is UpgradeState.DRAINING_BLUE:
             t0 = time.time()
             deadline = t0 + params["drain_timeout_s"]
             while not all(lease.drained for lease in ledger.leases(blue.id) if lease.end_offset is not None):
                 if time.time() > deadline:
-                    op = ledger.move_operation(op["id"], UpgradeState.FAILED.value, error=(
-                        f"blue (instance {blue.id}) did not reach the handoff within "
-                        f"{params['drain_timeout_s']:.0f}s; green keeps running. Run relay deploy after "
-                        "stopping, or rerun the upgrade to keep waiting"))
+                    op = ledger.move_operation(
+                        op["id"],
+                        UpgradeState.FAILED.value,
+                        error=(
+                            f"blue (instance {blue.id}) did not reach the handoff within "
+                            f"{params['drain_timeout_s']:.0f}s; green keeps running. Run relay deploy after "
+                            "stopping, or rerun the upgrade to keep waiting"
+                        ),
+                    )
                     return _result(ledger, op)
                 if not driver_running(config, blue.submission_id):
-                    progress(f"blue's driver {blue.submission_id} is not running; its rest will be taken over")
+                    progress(
+                        f"blue's driver {blue.submission_id} is not running; its rest will be taken over"
+                    )
                 time.sleep(0.5)
-            ledger.move_operation(op["id"], UpgradeState.STOPPING_BLUE.value,
-                                  blue_drain_s=round(time.time() - t0, 2))
+            ledger.move_operation(
+                op["id"], UpgradeState.STOPPING_BLUE.value, blue_drain_s=round(time.time() - t0, 2)
+            )
         elif state is UpgradeState.STOPPING_BLUE:
             stop_instance(config, ledger, blue, progress=progress)
             if not local:
                 green = ledger.instance(op["data"]["green_id"])
                 _verify_only(config, green)
             green_id = op["data"]["green_id"]
-            report = audit(config, ledger)
+            applied_until = {le.partition: le.next_offset for le in ledger.leases(green_id)}
+            report = audit(config, ledger, until=applied_until)
             ledger.move_operation(
-                op["id"], UpgradeState.DONE.value, total_s=round(time.time() - op["data"]["started_at"], 2),
-                applied_by_blue=_applied_by(ledger, blue.id), applied_by_green=_applied_by(ledger, green_id),
+                op["id"],
+                UpgradeState.DONE.value,
+                total_s=round(time.time() - op["data"]["started_at"], 2),
+                applied_by_blue=_applied_by(ledger, blue.id),
+                applied_by_green=_applied_by(ledger, green_id),
                 duplicates=sum(p.applied_twice_or_more for p in report.partitions),
-                gaps=sum(p.missing for p in report.partitions))
+                gaps=sum(p.missing for p in report.partitions),
+            )
             progress(f"upgrade {op['id']} DONE: only instance {green_id} runs")
         op = ledger.operation(op["id"])
     return _result(ledger, op)
@@ -238,7 +320,7 @@ def _verify_only(config: RelayConfig, green: Instance, timeout_s: float = 60.0) 
         if [a.name for a in apps] == [green.app_name]:
             return
         if time.time() > deadline:
-            raise OperationError(f"after the upgrade the master lists {[a.name for a in apps]}, "
-                                 f"expected only {green.app_name}")
+            raise OperationError(
+                f"after the upgrade the master lists {[a.name for a in apps]}, expected only {green.app_name}"
+            )
         time.sleep(0.5)
-
