@@ -506,8 +506,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     deadline = time.monotonic() + s.poll_timeout_ms / 1000
                 elif time.monotonic() > deadline:
                     raise KafkaError(
-                        f"{tp.topic}[{tp.partition}]: no record at offset {position} within {s.poll_timeout_ms} ms "
-                        f"(batch needs [{partition.start}, {partition.end})); raise pollTimeoutMs or check the broker"
+                        f"{tp.topic}[{tp.partition}]: no record at offset {position} within "
+                        f"{s.poll_timeout_ms} ms (batch needs [{partition.start}, {partition.end})); "
+                        "raise pollTimeoutMs or check the broker"
                     )
             if cols[2]:
                 yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)

@@ -90,12 +90,9 @@ def audit(
             counts = dict(
                 conn.execute(select(m.c.offset, func.count()).where(*where).group_by(m.c.offset)).all()
             )
-            pa.by_version = {
-                v: n
-                for v, n in conn.execute(
+            pa.by_version = dict(conn.execute(
                     select(m.c.version, func.count()).where(*where).group_by(m.c.version)
-                ).all()
-            }
+                ).all())
             dead = {
                 r[0]
                 for r in conn.execute(

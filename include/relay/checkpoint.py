@@ -94,7 +94,10 @@ def inspect(checkpoint_dir: str | Path) -> CheckpointSummary:
 
 
 def archive(checkpoint_dir: str | Path, keep: int = 5) -> Path | None:
-    """Rename a checkpoint aside with a timestamp (never delete it); prune the oldest archives over ``keep``."""
+    """Rename a checkpoint aside with a timestamp instead of deleting it.
+
+    Only archives beyond the newest ``keep`` of the same checkpoint are pruned.
+    """
     path = Path(checkpoint_dir)
     if not path.exists():
         return None

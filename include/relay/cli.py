@@ -27,12 +27,18 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 def cmd_stack(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.stack import LocalStack
 
+    from relay.airflow_local import LocalAirflow
+
     stack = LocalStack(cfg, progress=_say)
+    airflow = LocalAirflow(cfg, progress=_say)
     if a.action == "up":
-        return stack.up(with_postgres=a.postgres)
+        result = stack.up(with_postgres=a.postgres)
+        if not a.no_airflow:
+            result["airflow"] = airflow.start()
+        return result
     if a.action == "down":
-        return stack.down()
-    return stack.status()
+        return {"airflow": airflow.stop(), **stack.down()}
+    return {**stack.status(), "airflow": airflow.status()}
 
 
 def cmd_airflow(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -200,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stack", help="the embedded stack (broker, Spark master+worker, ledger)")
     st.add_argument("action", choices=["up", "down", "status"])
     st.add_argument("--postgres", action="store_true", help="also start a local PostgreSQL")
+    st.add_argument("--no-airflow", action="store_true", help="without Airflow (Kafka, Spark, ledger only)")
     af = sub.add_parser("airflow", help="Airflow 3 of the embedded stack (api-server, scheduler, ...)")
     af.add_argument("action", choices=["up", "down", "status"])
     pr = sub.add_parser("produce", help="send counter messages (the seeds' KafkaApp)")

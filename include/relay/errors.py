@@ -33,7 +33,8 @@ class DataLossError(RelayError):
         self.lost = earliest - needed
         super().__init__(
             f"data loss on {topic}[{partition}]: needed offset {needed}, earliest available is "
-            f"{earliest}, {self.lost} record(s) are gone. Run the recovery (relay recover / DAG relay_recover)."
+            f"{earliest}, {self.lost} record(s) are gone. "
+            "Run the recovery (relay recover / DAG relay_recover)."
         )
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+from relay.airflow_local import airflow_env
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_environment, spark_client
@@ -30,3 +35,24 @@ def caught_up(cfg: RelayConfig, ledger: Ledger) -> bool:
         if not lease.drained:
             cursors[lease.partition] = min(cursors.get(lease.partition, lease.next_offset), lease.next_offset)
     return bool(latest) and all(cursors.get(p, -1) >= o for p, o in latest.items())
+
+
+RUNNER = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+dag = DagBag(sys.argv[1]).dags[sys.argv[2]]
+run = dag.test(run_conf=json.loads(sys.argv[3]))
+print("DAG_RUN_STATE=" + str(getattr(run.state, "value", run.state)))
+"""
+
+
+def run_dag_test(config: RelayConfig, dag_id: str, conf: dict) -> tuple[str, str]:
+    """``dag.test(run_conf=conf)`` in a subprocess; returns (final run state, the run's output)."""
+    cmd = [sys.executable, "-c", RUNNER, str(PROJECT_ROOT / "dags"), dag_id, json.dumps(conf)]
+    result = subprocess.run(cmd, env=airflow_env(config), capture_output=True, text=True, timeout=600,
+                            check=False)
+    output = result.stdout + result.stderr
+    marker = "DAG_RUN_STATE="
+    states = [line[len(marker):] for line in result.stdout.splitlines() if line.startswith(marker)]
+    assert states, f"dag.test() of {dag_id} did not finish (exit {result.returncode}):\n{output[-4000:]}"
+    return states[-1], output

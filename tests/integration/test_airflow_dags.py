@@ -8,9 +8,6 @@ pytest's own logging stays untouched. The run's state is asserted (``dag.test()`
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -32,26 +29,7 @@ from relay.producer import produce
 from relay.stack import session_pids
 
 from tests.conftest import free_port
-
-RUNNER = """
-import json, sys
-from airflow.dag_processing.dagbag import DagBag
-dag = DagBag(sys.argv[1]).dags[sys.argv[2]]
-run = dag.test(run_conf=json.loads(sys.argv[3]))
-print("DAG_RUN_STATE=" + str(getattr(run.state, "value", run.state)))
-"""
-
-
-def run_dag_test(config: RelayConfig, dag_id: str, conf: dict) -> tuple[str, str]:
-    """``dag.test(run_conf=conf)`` in a subprocess; returns (final run state, the run's output)."""
-    cmd = [sys.executable, "-c", RUNNER, str(PROJECT_ROOT / "dags"), dag_id, json.dumps(conf)]
-    result = subprocess.run(cmd, env=airflow_env(config), capture_output=True, text=True, timeout=600,
-                            check=False)
-    output = result.stdout + result.stderr
-    marker = "DAG_RUN_STATE="
-    states = [line[len(marker):] for line in result.stdout.splitlines() if line.startswith(marker)]
-    assert states, f"dag.test() of {dag_id} did not finish (exit {result.returncode}):\n{output[-4000:]}"
-    return states[-1], output
+from tests.integration.helpers import run_dag_test
 
 
 def _private(stack: RelayConfig, name: str) -> RelayConfig:

@@ -19,18 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kafka_source as ks  # spark_jobs/ is on pytest's pythonpath (pytest.ini)
 import pytest
-
-pytest.importorskip("pyspark")
-kafka = pytest.importorskip("kafka")
-from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
-from relay.errors import DataLossError
-
-SPARK_JOBS = Path(__file__).resolve().parents[2] / "spark_jobs"
-if str(SPARK_JOBS) not in sys.path:
-    sys.path.insert(0, str(SPARK_JOBS))
-import kafka_source as ks
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from relay.errors import DataLossError
 
 TIMEOUT_S = 90.0
 
@@ -161,7 +154,7 @@ def _produce(bootstrap: str, topic: str, count: int, partitions: list[int]) -> N
 
 
 def _offsets(bootstrap: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
-    consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         first, end = consumer.beginning_offsets(tps), consumer.end_offsets(tps)

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from relay.airflow_local import ensure_airflow_db
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError, OperationInProgressError
@@ -20,7 +21,7 @@ from relay.producer import produce
 from relay.status import offsets_view
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up
+from tests.integration.helpers import caught_up, run_dag_test
 
 pytestmark = pytest.mark.integration
 
@@ -63,18 +64,26 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
         deploy(cfg, wait_s=240)
     assert next(r for r in offsets_view(cfg, ledger) if r["partition"] == 0)["invalidated"]
 
-    # Dry run (the default): a plan, and nothing changes.
+    # Dry run (the DAG's default): a plan in the task log and its result, and nothing changes.
     before, ckpts = ledger_snapshot(ledger, cfg.pipeline), tree(cfg.checkpoints_dir)
     planned = recover(cfg, strategy="earliest")
     assert planned["dry_run"] is True
     p0 = next(p for p in planned["plan"]["partitions"] if p["partition"] == 0)
     assert (p0["cursor"], p0["target"], p0["lost"], p0["skipped"]) == (cursor0, latest[0] - 20, lost, 0)
     assert planned["plan"]["total_lost"] == lost
+    ensure_airflow_db(cfg)
+    state, output = run_dag_test(cfg, "relay_recover", {"strategy": "earliest"})
+    assert state == "success" and f"{lost} record(s) declared lost" in output, output[-4000:]
     assert ledger_snapshot(ledger, cfg.pipeline) == before and tree(cfg.checkpoints_dir) == ckpts
 
-    # Execute: archived checkpoints, gaps recorded, a fresh instance resumes; the count continues.
-    done = recover(cfg, strategy="earliest", dry_run=False, reason="retention test")
-    assert done["archived_checkpoints"] and all(Path(p).exists() for p in done["archived_checkpoints"])
+    # Execute through the DAG: archived checkpoints, gaps recorded, a fresh instance resumes.
+    state, output = run_dag_test(cfg, "relay_recover", {"strategy": "earliest", "dry_run": False,
+                                                        "reason": "retention test"})
+    assert state == "success", output[-4000:]
+    done = ledger.operations(cfg.pipeline, "recovery", 1)[0]
+    assert done["state"] == "EXECUTED"
+    archived = done["data"]["archived_checkpoints"]
+    assert archived and all(Path(p).exists() for p in archived)
     wait_for("the recovered job to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     report = audit(cfg, ledger)
     assert report.ok, report.to_json()
@@ -83,6 +92,7 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
     gaps = ledger.gaps(cfg.pipeline)
     assert [(g.partition, g.start_offset, g.end_offset, g.kind) for g in gaps] == [
         (0, cursor0, latest[0] - 20, "lost")]
+    assert "retention test" in gaps[0].reason
 
     # Strategy timestamp: the first offset at or after the time, as the broker's own lookup says.
     produce(cfg.kafka_bootstrap, cfg.topic, 60, None, partitions=cfg.partitions)

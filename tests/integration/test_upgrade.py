@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 import uuid
 
 import pytest
+from relay.airflow_local import config_env, ensure_airflow_db
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
@@ -24,7 +26,7 @@ from relay.producer import produce
 from sqlalchemy import select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, start_rogue_app
+from tests.integration.helpers import caught_up, run_dag_test, start_rogue_app
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +35,10 @@ pytestmark = pytest.mark.integration
 def cfg(stack: RelayConfig) -> RelayConfig:
     name = f"u{uuid.uuid4().hex[:8]}"
     return stack.with_(pipeline=name, topic=name, ledger_url=f"sqlite:///{stack.data_dir / (name + '.db')}")
+
+
+def _result_of(op: dict) -> dict:
+    return {"state": op["state"], **op["data"]}
 
 
 def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], str]:
@@ -98,10 +104,7 @@ def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig)
     produce(cfg.kafka_bootstrap, cfg.topic, 500, None, partitions=cfg.partitions)
     deploy(cfg, version="v1", wait_s=240)
     build_artifact(cfg, "v2")
-    env = {"RELAY_DATA_DIR": str(cfg.data_dir), "RELAY_PIPELINE": cfg.pipeline, "RELAY_TOPIC": cfg.topic,
-           "RELAY_LEDGER_URL": cfg.ledger_url, "RELAY_KAFKA_BOOTSTRAP": cfg.kafka_bootstrap,
-           "RELAY_SPARK_MASTER_URL": cfg.spark_master_url, "RELAY_SPARK_MASTER_UI_URL": cfg.spark_master_ui_url,
-           "RELAY_SPARK_REST_URL": cfg.spark_rest_url, "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, **config_env(cfg)}
     proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "upgrade", "--version", "v2"], env=env,
                             cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -117,8 +120,13 @@ def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig)
     op = ledger.operations(cfg.pipeline, "upgrade", 1)[0]
     assert op["state"] not in ("DONE", "ABORTED", "FAILED")
     produce(cfg.kafka_bootstrap, cfg.topic, 300, None, partitions=cfg.partitions)
-    result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)  # run again: resumes the same upgrade
-    assert result["upgrade_id"] == op["id"] and result["state"] == "DONE", result
+    # Running the DAG again resumes the same upgrade to DONE.
+    ensure_airflow_db(cfg)
+    state, output = run_dag_test(cfg, "relay_upgrade", {"version": "v2", "grace_seconds": 240,
+                                                        "drain_timeout_seconds": 240})
+    assert state == "success", output[-4000:]
+    result = _result_of(ledger.operation(op["id"]))
+    assert result["state"] == "DONE" and f"resuming upgrade {op['id']}" in output, output[-4000:]
     wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     report = audit(cfg, ledger)
     assert report.ok and report.message_count == 800, report.to_json()

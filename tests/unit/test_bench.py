@@ -56,6 +56,7 @@ def test_ratio_and_formatting() -> None:
     assert fmt_number(512.4) == "512"
     assert fmt_number(42.25) == "42.2" or fmt_number(42.25) == "42.3"
     assert fmt_number(3.14159) == "3.14"
+    assert fmt_number(6) == "6" and fmt_number(0.0) == "0"
 
 
 def test_figure_carries_its_ratio() -> None:
