@@ -1,0 +1,65 @@
+"""relay_health through dag.test() on the real stack: a rogue application fails the run; lag is exact."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from relay.airflow_local import ensure_airflow_db
+from relay.config import RelayConfig
+from relay.launcher import spark_client
+from relay.ledger import schema as s
+from relay.ledger.store import Ledger
+from relay.operations.deploy import deploy
+from relay.operations.stop import stop
+from relay.producer import produce
+from sqlalchemy import func, select
+
+from tests.conftest import wait_for
+from tests.integration.helpers import caught_up, run_dag_test, start_rogue_app
+
+pytestmark = pytest.mark.integration
+
+
+def test_rogue_application_fails_health_and_never_writes_then_lag_is_exact(stack: RelayConfig) -> None:
+    name = f"h{uuid.uuid4().hex[:8]}"
+    cfg = stack.with_(pipeline=name, topic=name, ledger_url=f"sqlite:///{stack.data_dir / (name + '.db')}")
+    ledger = Ledger(cfg.ledger_url)
+    produce(cfg.kafka_bootstrap, cfg.topic, 300, None, partitions=cfg.partitions)
+    deploy(cfg, wait_s=240)
+    wait_for("the job to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    ensure_airflow_db(cfg)
+
+    rogue_name = f"relay-{cfg.pipeline}-999"
+    rogue = start_rogue_app(cfg, rogue_name)
+    try:
+        state, output = run_dag_test(cfg, "relay_health", {})
+        assert state == "failed", output[-4000:]
+        assert rogue_name in output and "CRITICAL" in output
+    finally:
+        spark_client(cfg).kill(rogue)
+    with ledger.tx() as conn:  # the rogue application was never allowed to write
+        writers = conn.execute(
+            select(s.messages.c.instance_id, func.count()).group_by(s.messages.c.instance_id)
+        ).all()
+    assert [w[0] for w in writers] == [ledger.instances(cfg.pipeline)[0].id]
+    assert ledger.reports(cfg.pipeline, "health", 1)[0]["status"] == "CRITICAL"
+
+    # Stopped with messages waiting: the persisted report's lag equals what kafka-python reports.
+    stop(cfg)
+    produce(cfg.kafka_bootstrap, cfg.topic, 150, None, partitions=cfg.partitions)
+    state, output = run_dag_test(cfg, "relay_health", {})
+    assert state == "failed", output[-4000:]  # STOP: messages are waiting and nothing reads them
+    body = ledger.reports(cfg.pipeline, "health", 1)[0]["body"]
+    reported = {row["partition"]: row["lag"] for row in body["data"]["offsets"]}
+    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap)
+    try:
+        tps = [TopicPartition(cfg.topic, p) for p in reported]
+        ends = consumer.end_offsets(tps)
+    finally:
+        consumer.close()
+    cursors = {le.partition: le.next_offset for le in ledger.pipeline_leases(cfg.pipeline) if not le.drained}
+    assert reported == {tp.partition: ends[tp] - cursors[tp.partition] for tp in tps}
+    assert sum(reported.values()) == 150
+    assert "relay_deploy" in output
