@@ -16,7 +16,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 lint:
-	$(VENV)/bin/ruff check --line-length 110 .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 lock:
 	uv pip compile requirements.in -o requirements.txt --python-version 3.11

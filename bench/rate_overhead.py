@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = work / f"checkpoint-{time.time_ns()}"
     try:
         query = (
-            spark.readStream.format("rate").option("rowsPerSecond", args.rows_per_second).load()
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", args.rows_per_second)
+            .load()
             .writeStream.foreachBatch(no_op)
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{args.trigger_seconds} seconds")
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         query.stop()
     finally:
         spark.stop()
-    warm = progress[args.warmup_batches:]
+    warm = progress[args.warmup_batches :]
     ids = [int(field(p, "batchId")) for p in warm]
     out = {
         "batches": len(warm),

@@ -37,12 +37,27 @@ with DAG(
     tags=["relay"],
     default_args={"retries": 0},
     params={
-        "version": Param("v1", type="string", minLength=1, maxLength=64, pattern=r"^[A-Za-z0-9._-]+$",
-                         description="code version label of the new instance"),
-        "starting": Param("earliest", type="string", enum=["earliest", "latest"],
-                          description="where a first start reads from (later starts resume from the ledger)"),
-        "wait_seconds": Param(300, type="integer", minimum=30, maximum=1800,
-                              description="how long to wait for the first committed batch"),
+        "version": Param(
+            "v1",
+            type="string",
+            minLength=1,
+            maxLength=64,
+            pattern=r"^[A-Za-z0-9._-]+$",
+            description="code version label of the new instance",
+        ),
+        "starting": Param(
+            "earliest",
+            type="string",
+            enum=["earliest", "latest"],
+            description="where a first start reads from (later starts resume from the ledger)",
+        ),
+        "wait_seconds": Param(
+            300,
+            type="integer",
+            minimum=30,
+            maximum=1800,
+            description="how long to wait for the first committed batch",
+        ),
     },
 ) as dag:
 
@@ -53,7 +68,12 @@ with DAG(
         from relay_airflow.config import relay_config_from_connections
 
         params = get_current_context()["params"]
-        return deploy(relay_config_from_connections(), version=params["version"], starting=params["starting"],
-                      wait_s=float(params["wait_seconds"]), progress=log.info)
+        return deploy(
+            relay_config_from_connections(),
+            version=params["version"],
+            starting=params["starting"],
+            wait_s=float(params["wait_seconds"]),
+            progress=log.info,
+        )
 
     deploy_pipeline()

@@ -32,8 +32,13 @@ with DAG(
     tags=["relay"],
     default_args={"retries": 0},
     params={
-        "timeout_seconds": Param(120, type="integer", minimum=5, maximum=900,
-                                 description="graceful-stop wait per instance before fencing and killing it"),
+        "timeout_seconds": Param(
+            120,
+            type="integer",
+            minimum=5,
+            maximum=900,
+            description="graceful-stop wait per instance before fencing and killing it",
+        ),
     },
 ) as dag:
 
@@ -44,7 +49,8 @@ with DAG(
         from relay_airflow.config import relay_config_from_connections
 
         params = get_current_context()["params"]
-        return stop(relay_config_from_connections(), timeout_s=float(params["timeout_seconds"]),
-                    progress=log.info)
+        return stop(
+            relay_config_from_connections(), timeout_s=float(params["timeout_seconds"]), progress=log.info
+        )
 
     stop_pipeline()

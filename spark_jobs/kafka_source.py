@@ -459,11 +459,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         s = self.settings
         schema = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
         tp = TopicPartition(partition.topic, partition.partition)
-        consumer = KafkaConsumer(
-            **s.consumer_config(f"relay-kafka-source-{partition.topic}-{partition.partition}"),
-            max_poll_records=10_000,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-        )
+        consumer = _pooled_consumer(s, KafkaConsumer)
+        healthy = False
         try:
             consumer.assign([tp])
             first = int(consumer.beginning_offsets([tp])[tp])
@@ -478,6 +475,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 start = first
             if start >= partition.end:
+                healthy = True
                 return
             consumer.seek(tp, start)
             cols: tuple[list[Any], ...] = ([], [], [], [], [])  # key, value, offset, timestamp, tstype
@@ -512,10 +510,42 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     )
             if cols[2]:
                 yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
+            healthy = True
         except VendorKafkaError as exc:
             raise KafkaError(f"reading {tp.topic}[{tp.partition}] failed: {exc}") from exc
         finally:
-            consumer.close(autocommit=False)
+            if not healthy:  # never reuse a consumer in an unknown state
+                _drop_consumer(s, consumer)
+
+
+# Python workers are reused across tasks and batches: keeping one consumer per worker saves the
+# connection and API-version handshake of a new client on every partition of every batch.
+_CONSUMERS: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+def _pool_key(settings: SourceSettings) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in settings.consumer_config("relay-kafka-source").items()))
+
+
+def _pooled_consumer(settings: SourceSettings, consumer_class: Any) -> Any:
+    key = _pool_key(settings)
+    consumer = _CONSUMERS.get(key)
+    if consumer is None:
+        consumer = consumer_class(
+            **settings.consumer_config("relay-kafka-source"),
+            max_poll_records=10_000,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+        )
+        _CONSUMERS[key] = consumer
+    return consumer
+
+
+def _drop_consumer(settings: SourceSettings, consumer: Any) -> None:
+    _CONSUMERS.pop(_pool_key(settings), None)
+    try:
+        consumer.close(autocommit=False)
+    except Exception:  # noqa: BLE001 - closing a broken client must not hide the original error
+        log.debug("closing a broken consumer failed", exc_info=True)
 
 
 def _to_record_batch(pa: Any, schema: Any, topic: str, partition: int, cols: tuple[list[Any], ...]) -> Any:

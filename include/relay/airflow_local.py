@@ -123,13 +123,21 @@ def connection_env(config: RelayConfig) -> dict[str, str]:
     Spark submit (the provider's ``spark`` type, for ``relay_airflow.provider_submit``): the REST port.
     """
     ui = requests.utils.urlparse(config.spark_master_ui_url)
-    spark = {"conn_type": "relay_spark", "host": ui.hostname, "port": ui.port,
-             "extra": {"rest_url": config.spark_rest_url, "master_url": config.spark_master_url}}
+    spark = {
+        "conn_type": "relay_spark",
+        "host": ui.hostname,
+        "port": ui.port,
+        "extra": {"rest_url": config.spark_rest_url, "master_url": config.spark_master_url},
+    }
     kafka = {"conn_type": "relay_kafka", "extra": {"bootstrap.servers": config.kafka_bootstrap}}
     ledger = {"conn_type": "relay_ledger", "extra": {"url": config.ledger_url}}
     rest = requests.utils.urlparse(config.spark_rest_url)
-    submit = {"conn_type": "spark", "host": f"spark://{rest.hostname}", "port": rest.port,
-              "extra": {"deploy-mode": "cluster", "spark-binary": "spark-submit"}}
+    submit = {
+        "conn_type": "spark",
+        "host": f"spark://{rest.hostname}",
+        "port": rest.port,
+        "extra": {"deploy-mode": "cluster", "spark-binary": "spark-submit"},
+    }
     return {
         "AIRFLOW_CONN_RELAY_SPARK_SUBMIT": json.dumps(submit),
         "AIRFLOW_CONN_RELAY_SPARK": json.dumps(spark),
@@ -147,29 +155,34 @@ def airflow_env(config: RelayConfig, base: Mapping[str, str] | None = None) -> d
     home = airflow_home(config)
     keys = _secrets(home)
     (home / "tmp").mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not k.startswith(("RELAY_", "AIRFLOW_", "AIRFLOW__"))}
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if not k.startswith(("RELAY_", "AIRFLOW_", "AIRFLOW__"))
+    }
     venv_bin = str(Path(sys.executable).parent)
-    env.update({
-        "PATH": os.pathsep.join([venv_bin, env.get("PATH", "")]),  # spark-submit / airflow from the venv
-        "TMPDIR": str(home / "tmp"),  # never /tmp
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file(config)),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__API__HOST": config.host,
-        "AIRFLOW__API__PORT": str(config.ports.airflow),
-        "AIRFLOW__API__BASE_URL": base_url(config),  # else tasks are sent to localhost:8080
-        "AIRFLOW__API__SECRET_KEY": keys["secret_key"],
-        "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt_secret"],
-        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT / "plugins")]),
-    })
+    env.update(
+        {
+            "PATH": os.pathsep.join([venv_bin, env.get("PATH", "")]),  # spark-submit / airflow from the venv
+            "TMPDIR": str(home / "tmp"),  # never /tmp
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file(config)),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+            "AIRFLOW__API__HOST": config.host,
+            "AIRFLOW__API__PORT": str(config.ports.airflow),
+            "AIRFLOW__API__BASE_URL": base_url(config),  # else tasks are sent to localhost:8080
+            "AIRFLOW__API__SECRET_KEY": keys["secret_key"],
+            "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt_secret"],
+            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT / "plugins")]),
+        }
+    )
     env.update(config_env(config))
     env.update(connection_env(config))
     return env
@@ -186,9 +199,16 @@ def ensure_airflow_db(config: RelayConfig, timeout_s: float = 300) -> float:
     log_path = home / "db-migrate.log"
     with open(log_path, "ab") as out:
         try:
-            rc = subprocess.run([airflow_bin(), "db", "migrate"], env=airflow_env(config), cwd=home,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=timeout_s, check=False).returncode
+            rc = subprocess.run(
+                [airflow_bin(), "db", "migrate"],
+                env=airflow_env(config),
+                cwd=home,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+                check=False,
+            ).returncode
         except subprocess.TimeoutExpired as exc:
             raise StackError(f"airflow db migrate took more than {timeout_s:.0f}s; see {log_path}") from exc
     if rc != 0:
@@ -218,8 +238,12 @@ class ComponentStatus:
 class LocalAirflow:
     """Start, inspect and stop the four Airflow components of the embedded stack."""
 
-    def __init__(self, config: RelayConfig, progress: Callable[[str], None] | None = None,
-                 health_timeout_s: float = 120) -> None:
+    def __init__(
+        self,
+        config: RelayConfig,
+        progress: Callable[[str], None] | None = None,
+        health_timeout_s: float = 120,
+    ) -> None:
         self.config = config
         self.progress = progress or log.info
         self.health_timeout_s = health_timeout_s
@@ -286,9 +310,15 @@ class LocalAirflow:
         try:
             for name, args in COMPONENTS:
                 with open(logs / f"airflow-{name}.log", "ab") as out:
-                    proc = subprocess.Popen([airflow_bin(), *args], env=env, cwd=self.home,
-                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+                    proc = subprocess.Popen(
+                        [airflow_bin(), *args],
+                        env=env,
+                        cwd=self.home,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 self._procs[proc.pid] = proc
                 pids[name] = proc.pid
                 self._save(pids)
@@ -308,8 +338,10 @@ class LocalAirflow:
         while time.monotonic() < deadline:
             dead = [name for name, pid in pids.items() if not self._alive(pid)]
             if dead:
-                raise StackError(f"airflow {dead[0]} exited during start; see "
-                                 f"{self.config.logs_dir / ('airflow-' + dead[0] + '.log')}")
+                raise StackError(
+                    f"airflow {dead[0]} exited during start; see "
+                    f"{self.config.logs_dir / ('airflow-' + dead[0] + '.log')}"
+                )
             healthy, detail = self.api_healthy()
             if healthy and passwords_file(self.config).exists():
                 return
@@ -318,19 +350,29 @@ class LocalAirflow:
 
     def login_hint(self) -> str:
         """How to log in: the user and where SimpleAuthManager wrote its password (never the password)."""
-        return (f"log in as '{ADMIN_USER}' with the password in {passwords_file(self.config)} "
-                f"(JSON {{user: password}})")
+        return (
+            f"log in as '{ADMIN_USER}' with the password in {passwords_file(self.config)} "
+            f"(JSON {{user: password}})"
+        )
 
     def status(self) -> dict[str, Any]:
-        parts = [ComponentStatus(name, pid, self._alive(pid), rss_mb(pid) if self._alive(pid) else None)
-                 for name, pid in self._load().items()]
+        parts = [
+            ComponentStatus(name, pid, self._alive(pid), rss_mb(pid) if self._alive(pid) else None)
+            for name, pid in self._load().items()
+        ]
         healthy, detail = self.api_healthy()
         # PSS of every process of the four sessions (the scheduler's LocalExecutor workers are its
         # children); summed RSS would count the pages they share twice (~1.5 GB instead of ~750 MB).
         pss = sum(_pss_mb(p) for part in parts if part.alive for p in session_pids(part.pid or 0))
-        return {"url": base_url(self.config), "home": str(self.home), "healthy": healthy, "detail": detail,
-                "login": self.login_hint(), "components": [vars(p) for p in parts],
-                "pss_mb_total": round(pss, 1)}
+        return {
+            "url": base_url(self.config),
+            "home": str(self.home),
+            "healthy": healthy,
+            "detail": detail,
+            "login": self.login_hint(),
+            "components": [vars(p) for p in parts],
+            "pss_mb_total": round(pss, 1),
+        }
 
     def stop(self, timeout_s: float = 30) -> dict[str, Any]:
         """SIGTERM each recorded process group, SIGKILL what is left after ``timeout_s``."""
@@ -369,12 +411,14 @@ class LocalAirflow:
 
 # -- REST --------------------------------------------------------------------------------------------
 
+
 def admin_password(config: RelayConfig) -> str:
     try:
         return json.loads(passwords_file(config).read_text())[ADMIN_USER]
     except (OSError, ValueError, KeyError) as exc:
-        raise StackError(f"no password for {ADMIN_USER} in {passwords_file(config)}: is Airflow started?"
-                         ) from exc
+        raise StackError(
+            f"no password for {ADMIN_USER} in {passwords_file(config)}: is Airflow started?"
+        ) from exc
 
 
 class AirflowApi:
@@ -394,17 +438,21 @@ class AirflowApi:
             self._token = str(reply["access_token"])
         return {"Authorization": f"Bearer {self._token}"}
 
-    def _call(self, method: str, path: str, auth: bool = True, ok: tuple[int, ...] = (200, 201),
-              **kwargs: Any) -> dict[str, Any]:
+    def _call(
+        self, method: str, path: str, auth: bool = True, ok: tuple[int, ...] = (200, 201), **kwargs: Any
+    ) -> dict[str, Any]:
         headers = self._auth() if auth else {}
         try:
-            response = self._session.request(method, f"{self.url}{path}", headers=headers,
-                                             timeout=self.timeout_s, **kwargs)
+            response = self._session.request(
+                method, f"{self.url}{path}", headers=headers, timeout=self.timeout_s, **kwargs
+            )
         except requests.RequestException as exc:
             raise StackError(f"Airflow at {self.url}: {method} {path} failed: {exc}") from exc
         if response.status_code not in ok:
-            raise StackError(f"Airflow at {self.url}: {method} {path} answered HTTP {response.status_code}: "
-                             f"{response.text[:500]}")
+            raise StackError(
+                f"Airflow at {self.url}: {method} {path} answered HTTP {response.status_code}: "
+                f"{response.text[:500]}"
+            )
         return response.json()
 
     def dag(self, dag_id: str) -> dict[str, Any] | None:
@@ -435,8 +483,9 @@ class AirflowApi:
         return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
 
 
-def trigger_dag_rest(config: RelayConfig, dag_id: str, conf: dict[str, Any], unpause: bool = True,
-                     parse_timeout_s: float = 120) -> dict[str, Any]:
+def trigger_dag_rest(
+    config: RelayConfig, dag_id: str, conf: dict[str, Any], unpause: bool = True, parse_timeout_s: float = 120
+) -> dict[str, Any]:
     """Trigger ``dag_id`` through the REST API; returns the created dag run (``dag_run_id``, ``state``).
 
     DAGs are paused at creation; a manual trigger states intent, so ``unpause`` (default) unpauses the

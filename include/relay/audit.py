@@ -90,9 +90,9 @@ def audit(
             counts = dict(
                 conn.execute(select(m.c.offset, func.count()).where(*where).group_by(m.c.offset)).all()
             )
-            pa.by_version = dict(conn.execute(
-                    select(m.c.version, func.count()).where(*where).group_by(m.c.version)
-                ).all())
+            pa.by_version = dict(
+                conn.execute(select(m.c.version, func.count()).where(*where).group_by(m.c.version)).all()
+            )
             dead = {
                 r[0]
                 for r in conn.execute(

@@ -65,15 +65,24 @@ class BenchOptions:
         """Options from the CLI flags; ``only`` is a comma-separated list of section names."""
         sections = parse_sections(only)
         if quick:
-            base = cls(messages=50_000, max_offsets_per_trigger=10_000, overhead_seconds=15.0,
-                       ledger_commits=100, quick=True, only=sections)
+            base = cls(
+                messages=50_000,
+                max_offsets_per_trigger=10_000,
+                overhead_seconds=15.0,
+                ledger_commits=100,
+                quick=True,
+                only=sections,
+            )
         else:
             base = cls(only=sections)
         if messages is not None:
             if messages < 1:
                 raise ConfigError(f"--messages must be >= 1, got {messages}")
-            base = replace(base, messages=messages,
-                           max_offsets_per_trigger=min(base.max_offsets_per_trigger, max(messages // 5, 1)))
+            base = replace(
+                base,
+                messages=messages,
+                max_offsets_per_trigger=min(base.max_offsets_per_trigger, max(messages // 5, 1)),
+            )
         return base
 
 
@@ -150,8 +159,14 @@ def throughput_from_batches(batches: Iterable[dict[str, Any]], latest: dict[int,
     """
     rows = sorted((b for b in batches if b["rows_read"] > 0), key=lambda b: (b["started_at"], b["batch_id"]))
     if not rows:
-        return {"batches": 0, "rows": 0, "seconds": None, "msg_s": None, "max_batch_rows": None,
-                "reached_latest": False}
+        return {
+            "batches": 0,
+            "rows": 0,
+            "seconds": None,
+            "msg_s": None,
+            "max_batch_rows": None,
+            "reached_latest": False,
+        }
     reach: dict[int, int] = {}
     used: list[dict[str, Any]] = []
     reached = False
@@ -181,11 +196,24 @@ def throughput_from_batches(batches: Iterable[dict[str, Any]], latest: dict[int,
 
 
 # ------------------------------------------------------------------------------- result and table
-def figure(name: str, value: float | None, unit: str, baseline_name: str | None = None,
-           baseline: float | None = None, better: str = "lower") -> dict[str, Any]:
+def figure(
+    name: str,
+    value: float | None,
+    unit: str,
+    baseline_name: str | None = None,
+    baseline: float | None = None,
+    better: str = "lower",
+) -> dict[str, Any]:
     """One printed figure; ``better`` says which direction is good (for readers of the JSON)."""
-    return {"name": name, "value": value, "unit": unit, "baseline_name": baseline_name,
-            "baseline": baseline, "ratio": ratio(value, baseline), "better": better}
+    return {
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "baseline_name": baseline_name,
+        "baseline": baseline,
+        "ratio": ratio(value, baseline),
+        "better": better,
+    }
 
 
 def new_result(options: BenchOptions, started: str, data_dir: Path) -> dict[str, Any]:
@@ -195,11 +223,16 @@ def new_result(options: BenchOptions, started: str, data_dir: Path) -> dict[str,
         "started": started,
         "finished": None,
         "data_dir": str(data_dir),
-        "options": {**asdict(options), "only": list(options.only),
-                    "ledger_sizes": list(options.ledger_sizes)},
+        "options": {
+            **asdict(options),
+            "only": list(options.only),
+            "ledger_sizes": list(options.ledger_sizes),
+        },
         "machine": {},
-        "sections": {name: {"status": "skipped", "figures": [], "details": {}, "error": None,
-                            "seconds": None} for name in SECTIONS},
+        "sections": {
+            name: {"status": "skipped", "figures": [], "details": {}, "error": None, "seconds": None}
+            for name in SECTIONS
+        },
         "ok": True,
         "results_file": None,
     }
@@ -218,20 +251,34 @@ def render_table(result: dict[str, Any]) -> str:
             if status == "skipped":
                 continue
         for f in sec.get("figures", []):
-            rows.append([name, f["name"], fmt_number(f["value"]), f["unit"], f.get("baseline_name") or "-",
-                         fmt_number(f.get("baseline")), fmt_ratio(f.get("ratio"))])
+            rows.append(
+                [
+                    name,
+                    f["name"],
+                    fmt_number(f["value"]),
+                    f["unit"],
+                    f.get("baseline_name") or "-",
+                    fmt_number(f.get("baseline")),
+                    fmt_ratio(f.get("ratio")),
+                ]
+            )
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
     right = {2, 5, 6}
+
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
     out = [line(cols), line(["-" * w for w in widths]), *(line(r) for r in rows)]
     m = result.get("machine", {})
     if m:
         out.append("")
-        out.append(f"machine: {m.get('cores')} cores, {fmt_number(m.get('memory_gib'))} GiB, "
-                   f"Python {m.get('python')}, pyspark {m.get('pyspark')}, Java {m.get('java')}, "
-                   f"kafka-python {m.get('kafka_python')} (crc32c {'yes' if m.get('crc32c') else 'no'})")
+        out.append(
+            f"machine: {m.get('cores')} cores, {fmt_number(m.get('memory_gib'))} GiB, "
+            f"Python {m.get('python')}, pyspark {m.get('pyspark')}, Java {m.get('java')}, "
+            f"kafka-python {m.get('kafka_python')} (crc32c {'yes' if m.get('crc32c') else 'no'})"
+        )
         out.append(f"load average (1/5/15 min): start {m.get('load_start')}, end {m.get('load_end')}")
     if result.get("results_file"):
         out.append(f"results: {result['results_file']}")
@@ -247,11 +294,13 @@ def machine_facts() -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 mem_kib = int(line.split()[1])
+
     def version(dist: str) -> str | None:
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             return None
+
     java = None
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         done = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=20)
@@ -364,9 +413,12 @@ class MemorySampler:
                 agg["pss"] += mem[2]
                 agg["procs"] += 1
                 self._hwm[pid] = (cat, max(mem[1], self._hwm.get(pid, (cat, 0.0))[1]))
-        sample = {"at": time.time(), "categories": cats,
-                  "total_rss": sum(c["rss"] for c in cats.values()),
-                  "total_pss": sum(c["pss"] for c in cats.values())}
+        sample = {
+            "at": time.time(),
+            "categories": cats,
+            "total_rss": sum(c["rss"] for c in cats.values()),
+            "total_pss": sum(c["pss"] for c in cats.values()),
+        }
         self.samples.append(sample)
         return sample
 
@@ -377,13 +429,19 @@ class MemorySampler:
             self._stop.wait(self.interval_s)
 
     def peaks(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
-        return memory_peaks([s for s in self.samples
-                             if (since is None or s["at"] >= since) and (until is None or s["at"] <= until)],
-                            self._hwm if since is None and until is None else None)
+        return memory_peaks(
+            [
+                s
+                for s in self.samples
+                if (since is None or s["at"] >= since) and (until is None or s["at"] <= until)
+            ],
+            self._hwm if since is None and until is None else None,
+        )
 
 
-def memory_peaks(samples: list[dict[str, Any]],
-                 hwm: dict[int, tuple[str, float]] | None = None) -> dict[str, Any]:
+def memory_peaks(
+    samples: list[dict[str, Any]], hwm: dict[int, tuple[str, float]] | None = None
+) -> dict[str, Any]:
     """Per category the peak summed RSS/PSS over samples, and the whole stack's peak."""
     out: dict[str, Any] = {"samples": len(samples), "categories": {}}
     for s in samples:
@@ -461,8 +519,9 @@ def wait_caught_up(config: RelayConfig, progress: Progress, timeout_s: float, wh
             return time.monotonic() - t0
         now = time.monotonic()
         if now - t0 > timeout_s:
-            raise OperationError(f"{what}: not caught up after {timeout_s:.0f}s "
-                                 f"(cursors {cur}, latest {latest})")
+            raise OperationError(
+                f"{what}: not caught up after {timeout_s:.0f}s (cursors {cur}, latest {latest})"
+            )
         if now - last >= 10:
             done, total = sum(cur.values()), sum(latest.values())
             progress(f"{what}: {done:,}/{total:,} offsets applied ({now - t0:.0f}s)")
@@ -580,12 +639,16 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     ctx.progress(f"throughput: producing {opts.messages:,} messages over {cfg.partitions} partitions")
     produced = produce(cfg.kafka_bootstrap, cfg.topic, opts.messages, None, partitions=cfg.partitions)
     produce_rate = produced["sent"] / produced["seconds"] if produced["seconds"] else None
-    ctx.progress(f"throughput: produced in {produced['seconds']:.1f}s ({fmt_number(produce_rate)} msg/s); "
-                 "baseline: plain kafka-python consumer")
+    ctx.progress(
+        f"throughput: produced in {produced['seconds']:.1f}s ({fmt_number(produce_rate)} msg/s); "
+        "baseline: plain kafka-python consumer"
+    )
     base = plain_consumer(cfg.kafka_bootstrap, cfg.topic)
-    ctx.progress(f"throughput: kafka-python read {base['rows']:,} in {base['seconds']:.1f}s "
-                 f"({fmt_number(base['msg_s'])} msg/s); now the reference job "
-                 f"(maxOffsetsPerTrigger {cfg.max_offsets_per_trigger:,})")
+    ctx.progress(
+        f"throughput: kafka-python read {base['rows']:,} in {base['seconds']:.1f}s "
+        f"({fmt_number(base['msg_s'])} msg/s); now the reference job "
+        f"(maxOffsetsPerTrigger {cfg.max_offsets_per_trigger:,})"
+    )
     latest = latest_offsets(cfg)
     t0 = time.time()
     instance_id = ensure_running(ctx)
@@ -593,27 +656,57 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     t1 = time.time()
     ctx.windows["throughput"] = (t0, t1)
     stats = throughput_from_batches(instance_batches(cfg, instance_id), latest)
-    ctx.progress(f"throughput: reference job applied {stats['rows']:,} in {stats['batches']} batches, "
-                 f"{fmt_number(stats['msg_s'])} msg/s")
+    ctx.progress(
+        f"throughput: reference job applied {stats['rows']:,} in {stats['batches']} batches, "
+        f"{fmt_number(stats['msg_s'])} msg/s"
+    )
     figures = [
-        figure("applied end to end (ledger commit incl.)", stats["msg_s"], "msg/s",
-               "kafka-python consumer", base["msg_s"], better="higher"),
-        figure("applied, batches after the first", stats["warm_msg_s"], "msg/s", "kafka-python consumer",
-               base["msg_s"], better="higher"),
+        figure(
+            "applied end to end (ledger commit incl.)",
+            stats["msg_s"],
+            "msg/s",
+            "kafka-python consumer",
+            base["msg_s"],
+            better="higher",
+        ),
+        figure(
+            "applied, batches after the first",
+            stats["warm_msg_s"],
+            "msg/s",
+            "kafka-python consumer",
+            base["msg_s"],
+            better="higher",
+        ),
         figure("first batch (Python workers start)", stats["first_batch_s"], "s"),
         figure("backlog batch: reading rows, median", stats["read_ms"]["median"], "ms"),
         figure("backlog batch: ledger commit, median", stats["commit_ms"]["median"], "ms"),
-        figure("max rows per batch", stats["max_batch_rows"], "rows", "maxOffsetsPerTrigger",
-               cfg.max_offsets_per_trigger),
+        figure(
+            "max rows per batch",
+            stats["max_batch_rows"],
+            "rows",
+            "maxOffsetsPerTrigger",
+            cfg.max_offsets_per_trigger,
+        ),
         figure("batches for the backlog", stats["batches"], "batches"),
         figure("deploy call -> backlog applied", t1 - t0, "s"),
     ]
     if stats["max_batch_rows"] and stats["max_batch_rows"] > cfg.max_offsets_per_trigger:
-        raise OperationError(f"a batch read {stats['max_batch_rows']} rows, above maxOffsetsPerTrigger "
-                             f"{cfg.max_offsets_per_trigger}")
-    return {"figures": figures, "details": {"produce": produced, "produce_msg_s": produce_rate,
-                                            "kafka_python": base, "relay": stats, "latest": latest,
-                                            "instance_id": instance_id, "caught_up_wait_s": waited}}
+        raise OperationError(
+            f"a batch read {stats['max_batch_rows']} rows, above maxOffsetsPerTrigger "
+            f"{cfg.max_offsets_per_trigger}"
+        )
+    return {
+        "figures": figures,
+        "details": {
+            "produce": produced,
+            "produce_msg_s": produce_rate,
+            "kafka_python": base,
+            "relay": stats,
+            "latest": latest,
+            "instance_id": instance_id,
+            "caught_up_wait_s": waited,
+        },
+    }
 
 
 def checkpoint_spans(checkpoint: str | Path, batch_ids: Iterable[int]) -> dict[int, float]:
@@ -632,14 +725,24 @@ def run_rate_baseline(ctx: Context, seconds: float) -> dict[str, Any]:
     work = ctx.work_dir / "rate-baseline"
     work.mkdir(parents=True, exist_ok=True)
     (work / "tmp").mkdir(exist_ok=True)
-    env = {**os.environ, "SPARK_LOCAL_IP": ctx.config.host, "TMPDIR": str(work / "tmp"),
-           "PYSPARK_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": ctx.config.host,
+        "TMPDIR": str(work / "tmp"),
+        "PYSPARK_PYTHON": sys.executable,
+    }
     log_path = ctx.work_dir / "logs" / "rate-baseline.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, str(RATE_SCRIPT), "--seconds", str(seconds), "--work-dir",
-                                 str(work)], stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=str(PROJECT_ROOT), env=env)
+        proc = subprocess.Popen(
+            [sys.executable, str(RATE_SCRIPT), "--seconds", str(seconds), "--work-dir", str(work)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(PROJECT_ROOT),
+            env=env,
+        )
     ctx.children.append(proc)
     try:
         out, _ = proc.communicate(timeout=seconds + 240)
@@ -675,8 +778,10 @@ def section_overhead(ctx: Context) -> dict[str, Any]:
     instance_id = ensure_running(ctx)
     wait_caught_up(cfg, ctx.progress, 600, "overhead (draining first)")
     count = int(opts.overhead_rate * opts.overhead_seconds)
-    ctx.progress(f"overhead: producing {opts.overhead_rate:.0f} msg/s for {opts.overhead_seconds:.0f}s "
-                 "while the job runs with a 1 s trigger")
+    ctx.progress(
+        f"overhead: producing {opts.overhead_rate:.0f} msg/s for {opts.overhead_seconds:.0f}s "
+        "while the job runs with a 1 s trigger"
+    )
     t0 = time.time()
     produce(cfg.kafka_bootstrap, cfg.topic, count, opts.overhead_rate, partitions=cfg.partitions)
     wait_caught_up(cfg, ctx.progress, 120, "overhead")
@@ -689,28 +794,46 @@ def section_overhead(ctx: Context) -> dict[str, Any]:
     com = summarize([b["commit_ms"] for b in small])
     span = summarize(list(spans.values()))
     rows = summarize([b["rows_read"] for b in small])
-    ctx.progress(f"overhead: {dur['n']} small batches (median {fmt_number(rows['median'])} rows), median "
-                 f"{fmt_number(dur['median'])} ms; baseline: Spark rate source, no-op foreachBatch")
+    ctx.progress(
+        f"overhead: {dur['n']} small batches (median {fmt_number(rows['median'])} rows), median "
+        f"{fmt_number(dur['median'])} ms; baseline: Spark rate source, no-op foreachBatch"
+    )
     base = run_rate_baseline(ctx, max(opts.overhead_seconds, 10.0))
     if not base.get("trigger_ms"):
         raise OperationError("the rate-source baseline reported no batch")
     trig = summarize(base["trigger_ms"])
     bspan = summarize(base["span_ms"])
     figures = [
-        figure("small batch, foreachBatch median", dur["median"], "ms", "rate+no-op trigger median",
-               trig["median"]),
+        figure(
+            "small batch, foreachBatch median",
+            dur["median"],
+            "ms",
+            "rate+no-op trigger median",
+            trig["median"],
+        ),
         figure("small batch, foreachBatch p95", dur["p95"], "ms", "rate+no-op trigger p95", trig["p95"]),
         figure("  of which ledger commit, median", com["median"], "ms"),
         figure("  of which ledger commit, p95", com["p95"], "ms"),
-        figure("offsets/N -> commits/N median", span["median"], "ms", "same span, rate+no-op",
-               bspan["median"]),
+        figure(
+            "offsets/N -> commits/N median", span["median"], "ms", "same span, rate+no-op", bspan["median"]
+        ),
         figure("offsets/N -> commits/N p95", span["p95"], "ms", "same span, rate+no-op", bspan["p95"]),
     ]
-    return {"figures": figures, "details": {"batches": dur, "commit_ms": com, "checkpoint_span_ms": span,
-                                            "rows_per_batch": rows, "rate_baseline": {
-                                                "trigger_ms": trig, "checkpoint_span_ms": bspan,
-                                                "foreach_ms": summarize(base["foreach_ms"]),
-                                                "rows_per_second": 5}}}
+    return {
+        "figures": figures,
+        "details": {
+            "batches": dur,
+            "commit_ms": com,
+            "checkpoint_span_ms": span,
+            "rows_per_batch": rows,
+            "rate_baseline": {
+                "trigger_ms": trig,
+                "checkpoint_span_ms": bspan,
+                "foreach_ms": summarize(base["foreach_ms"]),
+                "rows_per_second": 5,
+            },
+        },
+    }
 
 
 class PhaseTimer:
@@ -720,8 +843,10 @@ class PhaseTimer:
     lease reads, message inserts, cursor CAS, batch row, commit) without touching its code.
     """
 
-    _TABLE = re.compile(r"^\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|BEGIN\w*)\s*(?:.*?\bFROM\s+)?(\w+)?",
-                        re.IGNORECASE | re.DOTALL)
+    _TABLE = re.compile(
+        r"^\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|BEGIN\w*)\s*(?:.*?\bFROM\s+)?(\w+)?",
+        re.IGNORECASE | re.DOTALL,
+    )
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = {}
@@ -813,18 +938,32 @@ def _ledger_run(url: str, size: int, commits: int, warmup: int, tag: str) -> dic
     bare_ms: list[float] = []
     base_pipeline = pipeline + "-bare"
     for batch_id in range(commits + warmup):
-        rows = [dict(pipeline=base_pipeline, topic=topic, partition=i % parts, offset=batch_id * size + i,
-                     key=str(i), value=str(i), instance_id=inst.id, version="bench", batch_id=batch_id)
-                for i in range(size)]
+        rows = [
+            dict(
+                pipeline=base_pipeline,
+                topic=topic,
+                partition=i % parts,
+                offset=batch_id * size + i,
+                key=str(i),
+                value=str(i),
+                instance_id=inst.id,
+                version="bench",
+                batch_id=batch_id,
+            )
+            for i in range(size)
+        ]
         t0 = time.perf_counter()
         with ledger.tx() as conn:
             conn.execute(s.messages.insert(), rows)
         if batch_id >= warmup:
             bare_ms.append((time.perf_counter() - t0) * 1000)
     ledger.close()
-    return {"protocol_ms": summarize(protocol_ms), "inside_tx_ms": summarize(inside_ms),
-            "bare_insert_ms": summarize(bare_ms),
-            "phases_mean_ms": {k: round(v, 3) for k, v in phases.items()}}
+    return {
+        "protocol_ms": summarize(protocol_ms),
+        "inside_tx_ms": summarize(inside_ms),
+        "bare_insert_ms": summarize(bare_ms),
+        "phases_mean_ms": {k: round(v, 3) for k, v in phases.items()},
+    }
 
 
 def section_ledger(ctx: Context) -> dict[str, Any]:
@@ -844,10 +983,24 @@ def section_ledger(ctx: Context) -> dict[str, Any]:
                 r = _ledger_run(url, size, opts.ledger_commits, warmup=5, tag=backend)
                 details[f"{backend}/{size}"] = r
                 p, b = r["protocol_ms"], r["bare_insert_ms"]
-                figures.append(figure(f"{backend} commit_batch {size} rec, median", p["median"], "ms",
-                                      "bare INSERT tx median", b["median"]))
-                figures.append(figure(f"{backend} commit_batch {size} rec, p95", p["p95"], "ms",
-                                      "bare INSERT tx p95", b["p95"]))
+                figures.append(
+                    figure(
+                        f"{backend} commit_batch {size} rec, median",
+                        p["median"],
+                        "ms",
+                        "bare INSERT tx median",
+                        b["median"],
+                    )
+                )
+                figures.append(
+                    figure(
+                        f"{backend} commit_batch {size} rec, p95",
+                        p["p95"],
+                        "ms",
+                        "bare INSERT tx p95",
+                        b["p95"],
+                    )
+                )
     finally:
         with contextlib.suppress(RelayError):
             pg.stop()
@@ -878,19 +1031,39 @@ def section_upgrade(ctx: Context) -> dict[str, Any]:
         raise OperationError(f"upgrade ended {result.get('state')}: {result.get('error')}")
     dups, gaps = int(result.get("duplicates", -1)), int(result.get("gaps", -1))
     figures = [
-        figure("handoff -> green's first commit", result.get("green_first_commit_s"), "s",
-               "cold deploy first commit", ctx.deploy_first_commit_s),
+        figure(
+            "handoff -> green's first commit",
+            result.get("green_first_commit_s"),
+            "s",
+            "cold deploy first commit",
+            ctx.deploy_first_commit_s,
+        ),
         figure("blue drain", result.get("blue_drain_s"), "s"),
-        figure("upgrade total", result.get("total_s"), "s", "cold deploy first commit",
-               ctx.deploy_first_commit_s),
+        figure(
+            "upgrade total", result.get("total_s"), "s", "cold deploy first commit", ctx.deploy_first_commit_s
+        ),
         figure("duplicates (must be 0)", dups, "records"),
         figure("gaps (must be 0)", gaps, "records"),
     ]
     if dups != 0 or gaps != 0:
         raise OperationError(f"upgrade applied {dups} record(s) twice and missed {gaps}")
-    keep = {k: result.get(k) for k in ("upgrade_id", "state", "blue_id", "green_id", "handoff",
-                                        "green_first_commit_s", "blue_drain_s", "total_s", "applied_by_blue",
-                                        "applied_by_green", "duplicates", "gaps")}
+    keep = {
+        k: result.get(k)
+        for k in (
+            "upgrade_id",
+            "state",
+            "blue_id",
+            "green_id",
+            "handoff",
+            "green_first_commit_s",
+            "blue_drain_s",
+            "total_s",
+            "applied_by_blue",
+            "applied_by_green",
+            "duplicates",
+            "gaps",
+        )
+    }
     return {"figures": figures, "details": {"result": keep, "produced_during": sent, "version": target}}
 
 
@@ -913,21 +1086,34 @@ def section_recovery(ctx: Context) -> dict[str, Any]:
         kafka.delete_records(cfg.topic, cut)
     ctx.progress(f"recovery: deleted below {cut} (cursors {cur}); executing recover(earliest)")
     t0 = time.time()
-    result = recover(cfg, strategy="earliest", dry_run=False, reason="relay bench", wait_s=600,
-                     progress=ctx.progress)
+    result = recover(
+        cfg, strategy="earliest", dry_run=False, reason="relay bench", wait_s=600, progress=ctx.progress
+    )
     seconds = time.time() - t0
     lost = int(result["plan"]["total_lost"])
     expected = sum(cut[p] - cur[p] for p in cut)
     figures = [
-        figure("recover() call -> new instance's first commit", seconds, "s", "cold deploy first commit",
-               ctx.deploy_first_commit_s),
+        figure(
+            "recover() call -> new instance's first commit",
+            seconds,
+            "s",
+            "cold deploy first commit",
+            ctx.deploy_first_commit_s,
+        ),
         figure("records declared lost", lost, "records", "records deleted", expected),
     ]
     if lost != expected:
         raise OperationError(f"recovery declared {lost} record(s) lost, {expected} were deleted")
-    return {"figures": figures, "details": {"cut": cut, "cursors_before": cur, "latest": latest,
-                                            "first_commit_s": result.get("first_commit_s"),
-                                            "instance_id": result.get("instance_id")}}
+    return {
+        "figures": figures,
+        "details": {
+            "cut": cut,
+            "cursors_before": cur,
+            "latest": latest,
+            "first_commit_s": result.get("first_commit_s"),
+            "instance_id": result.get("instance_id"),
+        },
+    }
 
 
 def section_memory(ctx: Context) -> dict[str, Any]:
@@ -936,18 +1122,30 @@ def section_memory(ctx: Context) -> dict[str, Any]:
     peaks = ctx.sampler.peaks(*window) if window else ctx.sampler.peaks()
     whole = ctx.sampler.peaks()
     cats = peaks["categories"]
+
     def peak(cat: str) -> float | None:
         return cats.get(cat, {}).get("peak_rss_mb")
+
     figures = [
         figure("driver JVM peak RSS", peak("driver_jvm"), "MiB"),
         figure("executor JVM peak RSS", peak("executor_jvm"), "MiB"),
         figure("Python driver peak RSS", peak("python_driver"), "MiB"),
         figure("Python workers peak RSS (sum)", peak("python_workers"), "MiB"),
         figure("Python workers peak PSS (sum)", cats.get("python_workers", {}).get("peak_pss_mb"), "MiB"),
-        figure("whole stack peak RSS", peaks["stack_peak_rss_mb"], "MiB", "idle stack (no job)",
-               ctx.idle_stack_rss_mb),
-        figure("whole stack peak RSS, whole run", whole["stack_peak_rss_mb"], "MiB", "idle stack (no job)",
-               ctx.idle_stack_rss_mb),
+        figure(
+            "whole stack peak RSS",
+            peaks["stack_peak_rss_mb"],
+            "MiB",
+            "idle stack (no job)",
+            ctx.idle_stack_rss_mb,
+        ),
+        figure(
+            "whole stack peak RSS, whole run",
+            whole["stack_peak_rss_mb"],
+            "MiB",
+            "idle stack (no job)",
+            ctx.idle_stack_rss_mb,
+        ),
     ]
     if not peaks["samples"]:
         raise OperationError("no memory sample was taken")
@@ -974,8 +1172,9 @@ def write_result(result: dict[str, Any], path: Path) -> None:
     tmp.replace(path)
 
 
-def run_bench(options: BenchOptions, progress: Progress | None = None,
-              host: str = "127.0.0.1") -> dict[str, Any]:
+def run_bench(
+    options: BenchOptions, progress: Progress | None = None, host: str = "127.0.0.1"
+) -> dict[str, Any]:
     """Start a private stack, run the chosen sections, stop it (always), write and return the result."""
     from relay.stack import LocalStack, Part
 
@@ -993,8 +1192,10 @@ def run_bench(options: BenchOptions, progress: Progress | None = None,
     result_path = BENCH_DIR / f"results-{stamp}.json"
     result["results_file"] = str(result_path)
     result["machine"] = machine_facts()
-    note(f"machine: {result['machine']['cores']} cores, load {result['machine']['load_start']}; "
-         f"sections {', '.join(options.only)}; data in {data_dir}")
+    note(
+        f"machine: {result['machine']['cores']} cores, load {result['machine']['load_start']}; "
+        f"sections {', '.join(options.only)}; data in {data_dir}"
+    )
     config = bench_config(data_dir, options, host)
     stack = LocalStack(config, progress=note)
 

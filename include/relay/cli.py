@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
 from relay.config import RelayConfig, load_config
@@ -25,9 +26,8 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 # --------------------------------------------------------------------------------------- commands
 def cmd_stack(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay.stack import LocalStack
-
     from relay.airflow_local import LocalAirflow
+    from relay.stack import LocalStack
 
     stack = LocalStack(cfg, progress=_say)
     airflow = LocalAirflow(cfg, progress=_say)
@@ -51,8 +51,15 @@ def cmd_airflow(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 def cmd_produce(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.producer import produce
 
-    return produce(cfg.kafka_bootstrap, cfg.topic, a.count, a.rate, poison=a.poison, partitions=cfg.partitions,
-                   progress=_say)
+    return produce(
+        cfg.kafka_bootstrap,
+        cfg.topic,
+        a.count,
+        a.rate,
+        poison=a.poison,
+        partitions=cfg.partitions,
+        progress=_say,
+    )
 
 
 def cmd_deploy(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -108,13 +115,20 @@ def cmd_build(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 def cmd_upgrade(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.operations.upgrade import upgrade
 
-    return upgrade(cfg, a.version, handoff=a.handoff, grace_s=a.grace, drain_timeout_s=a.drain_timeout,
-                   local=a.local, progress=_say)
+    return upgrade(
+        cfg,
+        a.version,
+        handoff=a.handoff,
+        grace_s=a.grace,
+        drain_timeout_s=a.drain_timeout,
+        local=a.local,
+        progress=_say,
+    )
 
 
 def parse_time_ms(text: str) -> int:
     """Milliseconds since the epoch, or an ISO 8601 time (UTC when no zone is given)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     if text.isdigit():
         return int(text)
@@ -123,7 +137,7 @@ def parse_time_ms(text: str) -> int:
     except ValueError as exc:
         raise RelayError(f"time must be epoch milliseconds or ISO 8601, got {text!r}") from exc
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return int(when.timestamp() * 1000)
 
 
@@ -140,9 +154,17 @@ def parse_partition_offsets(text: str | None) -> dict[int, int] | None:
 def cmd_recover(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.operations.recover import recover
 
-    return recover(cfg, strategy=a.strategy, timestamp_ms=parse_time_ms(a.time) if a.time else None,
-                   offsets=parse_partition_offsets(a.offsets), dry_run=not a.execute, reason=a.reason,
-                   allow_reprocess=a.allow_reprocess, local=a.local, progress=_say)
+    return recover(
+        cfg,
+        strategy=a.strategy,
+        timestamp_ms=parse_time_ms(a.time) if a.time else None,
+        offsets=parse_partition_offsets(a.offsets),
+        dry_run=not a.execute,
+        reason=a.reason,
+        allow_reprocess=a.allow_reprocess,
+        local=a.local,
+        progress=_say,
+    )
 
 
 def cmd_health(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -172,8 +194,9 @@ def cmd_bench(cfg: RelayConfig, a: argparse.Namespace) -> Any:
         if as_json:
             print(json.dumps(result, indent=2, default=str), flush=True)
         failed = [n for n, s in result["sections"].items() if s["status"] == "failed"]
-        raise RelayError(f"failed section(s) {failed or result.get('stack_down_error')}; "
-                         f"see {result['results_file']}")
+        raise RelayError(
+            f"failed section(s) {failed or result.get('stack_down_error')}; see {result['results_file']}"
+        )
     return result if as_json else {"results_file": result["results_file"], "ok": result["ok"]}
 
 
@@ -181,21 +204,46 @@ def _human(name: str, result: Any) -> str:
     if name == "offsets":
         return _table(result, ["topic", "partition", "earliest", "latest", "cursor", "lag", "invalidated"])
     if name == "audit":
-        lines = [_table([p | {"missing_ranges": p["missing_ranges"][:3]} for p in result["partitions"]],
-                        ["partition", "earliest", "latest", "applied_once", "applied_twice_or_more",
-                         "dead_letters", "declared_lost", "missing", "missing_ranges"])]
-        lines.append(f"count = {result['message_count']}, applied rows = {result['applied_rows']}: "
-                     + ("OK, every offset applied exactly once or declared lost" if result["ok"] else "NOT OK"))
+        lines = [
+            _table(
+                [p | {"missing_ranges": p["missing_ranges"][:3]} for p in result["partitions"]],
+                [
+                    "partition",
+                    "earliest",
+                    "latest",
+                    "applied_once",
+                    "applied_twice_or_more",
+                    "dead_letters",
+                    "declared_lost",
+                    "missing",
+                    "missing_ranges",
+                ],
+            )
+        ]
+        lines.append(
+            f"count = {result['message_count']}, applied rows = {result['applied_rows']}: "
+            + ("OK, every offset applied exactly once or declared lost" if result["ok"] else "NOT OK")
+        )
         return "\n".join(lines)
     return json.dumps(result, indent=2, default=str)
 
 
 COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
-    "stack": cmd_stack, "airflow": cmd_airflow,
-    "produce": cmd_produce, "deploy": cmd_deploy, "stop": cmd_stop,
-    "status": cmd_status, "offsets": cmd_offsets, "audit": cmd_audit, "checkpoint": cmd_checkpoint,
-    "build": cmd_build, "upgrade": cmd_upgrade, "recover": cmd_recover, "health": cmd_health,
-    "run-demo": cmd_run_demo, "bench": cmd_bench,
+    "stack": cmd_stack,
+    "airflow": cmd_airflow,
+    "produce": cmd_produce,
+    "deploy": cmd_deploy,
+    "stop": cmd_stop,
+    "status": cmd_status,
+    "offsets": cmd_offsets,
+    "audit": cmd_audit,
+    "checkpoint": cmd_checkpoint,
+    "build": cmd_build,
+    "upgrade": cmd_upgrade,
+    "recover": cmd_recover,
+    "health": cmd_health,
+    "run-demo": cmd_run_demo,
+    "bench": cmd_bench,
 }
 
 
@@ -211,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     af.add_argument("action", choices=["up", "down", "status"])
     pr = sub.add_parser("produce", help="send counter messages (the seeds' KafkaApp)")
     pr.add_argument("--count", type=int, default=1000)
-    pr.add_argument("--rate", type=float, default=None, help="messages per second (default: as fast as possible)")
+    pr.add_argument(
+        "--rate", type=float, default=None, help="messages per second (default: as fast as possible)"
+    )
     pr.add_argument("--poison", type=int, default=0, help="also send N messages the job cannot parse")
     d = sub.add_parser("deploy", help="start the pipeline if nothing of it runs")
     d.add_argument("--version", default="v1")
@@ -249,16 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("run-demo", help="produce, deploy through Airflow, audit (the README's run command)")
     dm.add_argument("--count", type=int, default=2000)
     bn = sub.add_parser("bench", help="benchmarks against baselines on a private stack (var/bench/)")
-    bn.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the result as JSON")
     bn.add_argument("--quick", action="store_true", help="small sizes (50,000 messages): a few minutes")
     bn.add_argument("--messages", type=int, default=None, help="backlog for the throughput run")
-    bn.add_argument("--only", default=None,
-                    help="comma-separated sections: throughput,overhead,ledger,upgrade,recovery,memory")
+    bn.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated sections: throughput,overhead,ledger,upgrade,recovery,memory",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv  # accepted before or after the subcommand
+    args = build_parser().parse_args([a for a in argv if a != "--json"])
+    args.json = as_json
     try:
         cfg = load_config()
         result = COMMANDS[args.command](cfg, args)

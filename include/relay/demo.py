@@ -24,8 +24,9 @@ def _caught_up(config: RelayConfig, ledger: Ledger) -> bool:
     return bool(rows) and all(r["lag"] == 0 for r in rows)
 
 
-def run_demo(config: RelayConfig, count: int = 2000, timeout_s: float = 600,
-             progress: Callable[[str], None] = print) -> dict:
+def run_demo(
+    config: RelayConfig, count: int = 2000, timeout_s: float = 600, progress: Callable[[str], None] = print
+) -> dict:
     ledger = Ledger(config.ledger_url)
     sent = produce(config.kafka_bootstrap, config.topic, count, None, partitions=config.partitions)
     progress(f"produced {sent['sent']} messages to {config.topic} (counters {sent['first']}..{sent['last']})")
@@ -48,9 +49,9 @@ def run_demo(config: RelayConfig, count: int = 2000, timeout_s: float = 600,
     progress(
         f"\nAirflow UI: {base_url(config)} (user admin, password in {passwords_file(config)})\n"
         "Trigger from the UI, or:\n"
-        "  AIRFLOW_HOME=var/airflow .venv/bin/airflow dags trigger relay_upgrade -c '{\"version\": \"v2\"}'\n"
+        '  AIRFLOW_HOME=var/airflow .venv/bin/airflow dags trigger relay_upgrade -c \'{"version": "v2"}\'\n'
         "  curl -X POST <api>/api/v2/dags/relay_recover/dagRuns -H 'Authorization: Bearer <jwt>' "
-        "-d '{\"logical_date\": null, \"conf\": {\"dry_run\": true}}'\n"
+        '-d \'{"logical_date": null, "conf": {"dry_run": true}}\'\n'
         "relay status | relay audit | relay health | relay stop | make down"
     )
     return {"produced": sent, "deploy_run": run.get("state"), "audit": report.to_json()}

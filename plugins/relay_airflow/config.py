@@ -21,8 +21,11 @@ def relay_config_from_connections(base: RelayConfig | None = None) -> RelayConfi
     changes: dict[str, object] = {}
     try:
         urls = SparkStandaloneHook().urls()
-        changes.update(spark_master_ui_url=urls["master_ui_url"], spark_rest_url=urls["rest_url"],
-                       spark_master_url=urls["master_url"])
+        changes.update(
+            spark_master_ui_url=urls["master_ui_url"],
+            spark_rest_url=urls["rest_url"],
+            spark_master_url=urls["master_url"],
+        )
     except AirflowNotFoundException:
         pass
     try:

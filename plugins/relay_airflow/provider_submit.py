@@ -43,8 +43,9 @@ def carrier_jar() -> str:
     return str(jars[0])
 
 
-def submit_with_provider(config: RelayConfig, ledger: Ledger, instance: Instance,
-                         conn_id: str = SUBMIT_CONN_ID) -> str:
+def submit_with_provider(
+    config: RelayConfig, ledger: Ledger, instance: Instance, conn_id: str = SUBMIT_CONN_ID
+) -> str:
     """Submit the instance's driver (cluster mode, supervised) with SparkSubmitHook; record its id.
 
     Same contract and same artifact (frozen job file + code zip of the version) as
@@ -54,13 +55,25 @@ def submit_with_provider(config: RelayConfig, ledger: Ledger, instance: Instance
     if not art.exists():
         build_artifact(config, instance.version)
     code = str(art.zip_file)
-    props = driver_properties(config, instance.app_name, supervise=True, py_files=[code], extra={
-        "spark.driverEnv.PYTHONPATH": code, "spark.executorEnv.PYTHONPATH": code})
+    props = driver_properties(
+        config,
+        instance.app_name,
+        supervise=True,
+        py_files=[code],
+        extra={"spark.driverEnv.PYTHONPATH": code, "spark.executorEnv.PYTHONPATH": code},
+    )
     props.pop("spark.master")  # the connection decides the master URL
     props["spark.master.rest.enabled"] = "true"
     args = [str(art.job_file), props["spark.submit.pyFiles"], *driver_args(config, instance, True)]
-    hook = SparkSubmitHook(conf=props, conn_id=conn_id, java_class=PYTHON_RUNNER, name=instance.app_name,
-                           application_args=args, deploy_mode="cluster", spark_binary="spark-submit")
+    hook = SparkSubmitHook(
+        conf=props,
+        conn_id=conn_id,
+        java_class=PYTHON_RUNNER,
+        name=instance.app_name,
+        application_args=args,
+        deploy_mode="cluster",
+        spark_binary="spark-submit",
+    )
     tmp = config.spark_dir / "tmp"
     env = {**os.environ, "SPARK_LOCAL_IP": config.host, "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={tmp}"}
     driver_id = hook.submit(carrier_jar(), env=env)

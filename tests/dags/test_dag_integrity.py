@@ -27,8 +27,13 @@ from airflow.sdk.definitions.param import ParamValidationError  # noqa: E402
 DAGS = PROJECT_ROOT / "dags"
 EXPECTED = {"relay_deploy", "relay_stop", "relay_health"}
 BAD_CONF: dict[str, list[dict[str, Any]]] = {
-    "relay_deploy": [{"starting": "middle"}, {"wait_seconds": 5}, {"wait_seconds": 99999},
-                     {"version": ""}, {"version": "v 1; rm"}],
+    "relay_deploy": [
+        {"starting": "middle"},
+        {"wait_seconds": 5},
+        {"wait_seconds": 99999},
+        {"version": ""},
+        {"version": "v 1; rm"},
+    ],
     "relay_stop": [{"timeout_seconds": 0}, {"timeout_seconds": "soon"}],
 }
 RETRIES = {"relay_deploy": 0, "relay_stop": 0, "relay_health": 1}
@@ -69,8 +74,11 @@ def test_health_runs_every_five_minutes_without_catchup_or_overlap(dagbag: DagBa
 
 
 def test_default_params_are_valid(dagbag: DagBag) -> None:
-    assert _with_conf(dagbag.dags["relay_deploy"], {}) == {"version": "v1", "starting": "earliest",
-                                                          "wait_seconds": 300}
+    assert _with_conf(dagbag.dags["relay_deploy"], {}) == {
+        "version": "v1",
+        "starting": "earliest",
+        "wait_seconds": 300,
+    }
     assert _with_conf(dagbag.dags["relay_deploy"], {"starting": "latest", "wait_seconds": 1800})
     assert _with_conf(dagbag.dags["relay_stop"], {"timeout_seconds": 30}) == {"timeout_seconds": 30}
 
@@ -85,8 +93,14 @@ def test_airflow_cli_lists_no_import_errors(tmp_path: Path) -> None:
     """The same check an operator runs, in a fresh AIRFLOW_HOME (exit 1 and JSON rows on errors)."""
     config = load_config({"RELAY_DATA_DIR": str(tmp_path)})
     ensure_airflow_db(config)
-    result = subprocess.run([airflow_bin(), "dags", "list-import-errors", "--local", "-o", "json"],
-                            env=airflow_env(config), capture_output=True, text=True, timeout=180, check=False)
+    result = subprocess.run(
+        [airflow_bin(), "dags", "list-import-errors", "--local", "-o", "json"],
+        env=airflow_env(config),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    payload = result.stdout[result.stdout.rfind("["):]  # warnings are printed before the JSON
+    payload = result.stdout[result.stdout.rfind("[") :]  # warnings are printed before the JSON
     assert json.loads(payload) == []

@@ -49,10 +49,11 @@ print("DAG_RUN_STATE=" + str(getattr(run.state, "value", run.state)))
 def run_dag_test(config: RelayConfig, dag_id: str, conf: dict) -> tuple[str, str]:
     """``dag.test(run_conf=conf)`` in a subprocess; returns (final run state, the run's output)."""
     cmd = [sys.executable, "-c", RUNNER, str(PROJECT_ROOT / "dags"), dag_id, json.dumps(conf)]
-    result = subprocess.run(cmd, env=airflow_env(config), capture_output=True, text=True, timeout=600,
-                            check=False)
+    result = subprocess.run(
+        cmd, env=airflow_env(config), capture_output=True, text=True, timeout=600, check=False
+    )
     output = result.stdout + result.stderr
     marker = "DAG_RUN_STATE="
-    states = [line[len(marker):] for line in result.stdout.splitlines() if line.startswith(marker)]
+    states = [line[len(marker) :] for line in result.stdout.splitlines() if line.startswith(marker)]
     assert states, f"dag.test() of {dag_id} did not finish (exit {result.returncode}):\n{output[-4000:]}"
     return states[-1], output

@@ -100,8 +100,9 @@ def test_local_airflow_runs_relay_deploy_triggered_through_rest(stack: RelayConf
     assert all(session_pids(pid) == [] for pid in pids)
 
 
-def test_provider_submit_hook_starts_a_cluster_driver(stack: RelayConfig,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_provider_submit_hook_starts_a_cluster_driver(
+    stack: RelayConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The alternative launcher path (SparkSubmitHook + PythonRunner + a carrier jar) really runs the job."""
     from relay.launcher import wait_until_active
     from relay.ledger.models import Color

@@ -77,8 +77,9 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
     assert ledger_snapshot(ledger, cfg.pipeline) == before and tree(cfg.checkpoints_dir) == ckpts
 
     # Execute through the DAG: archived checkpoints, gaps recorded, a fresh instance resumes.
-    state, output = run_dag_test(cfg, "relay_recover", {"strategy": "earliest", "dry_run": False,
-                                                        "reason": "retention test"})
+    state, output = run_dag_test(
+        cfg, "relay_recover", {"strategy": "earliest", "dry_run": False, "reason": "retention test"}
+    )
     assert state == "success", output[-4000:]
     done = ledger.operations(cfg.pipeline, "recovery", 1)[0]
     assert done["state"] == "EXECUTED"
@@ -91,7 +92,8 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
     assert report.message_count == 1000 - lost
     gaps = ledger.gaps(cfg.pipeline)
     assert [(g.partition, g.start_offset, g.end_offset, g.kind) for g in gaps] == [
-        (0, cursor0, latest[0] - 20, "lost")]
+        (0, cursor0, latest[0] - 20, "lost")
+    ]
     assert "retention test" in gaps[0].reason
 
     # Strategy timestamp: the first offset at or after the time, as the broker's own lookup says.
@@ -103,8 +105,12 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         by_time = kafka.offsets_for_time(cfg.topic, mark)
     plan = recover(cfg, strategy="timestamp", timestamp_ms=mark, allow_reprocess=True)["plan"]
-    expected = {pp["partition"]: by_time[pp["partition"]] if by_time.get(pp["partition"]) is not None
-                else pp["latest"] for pp in plan["partitions"]}
+    expected = {
+        pp["partition"]: by_time[pp["partition"]]
+        if by_time.get(pp["partition"]) is not None
+        else pp["latest"]
+        for pp in plan["partitions"]
+    }
     assert {pp["partition"]: pp["target"] for pp in plan["partitions"]} == expected
     assert plan["total_reprocess"] == 0 and plan["total_skipped"] == 0
 

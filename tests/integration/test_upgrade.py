@@ -43,8 +43,11 @@ def _result_of(op: dict) -> dict:
 
 def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], str]:
     with ledger.tx() as conn:
-        rows = conn.execute(select(s.messages.c.partition, s.messages.c.offset, s.messages.c.version)
-                            .where(s.messages.c.pipeline == pipeline)).all()
+        rows = conn.execute(
+            select(s.messages.c.partition, s.messages.c.offset, s.messages.c.version).where(
+                s.messages.c.pipeline == pipeline
+            )
+        ).all()
     return {(p, o): v for p, o, v in rows}
 
 
@@ -55,8 +58,11 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(cfg: RelayC
     build_artifact(cfg, "v2")
 
     # Messages keep coming (50/s) during the whole upgrade.
-    producer = threading.Thread(target=produce, args=(cfg.kafka_bootstrap, cfg.topic, 3000, 50.0),
-                                kwargs={"partitions": cfg.partitions})
+    producer = threading.Thread(
+        target=produce,
+        args=(cfg.kafka_bootstrap, cfg.topic, 3000, 50.0),
+        kwargs={"partitions": cfg.partitions},
+    )
     producer.start()
     try:
         result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)
@@ -65,7 +71,12 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(cfg: RelayC
     assert result["state"] == UpgradeState.DONE.value, result
     assert result["duplicates"] == 0 and result["gaps"] == 0
     assert [h["state"] for h in result["history"]] == [
-        "PREFLIGHT", "GREEN_STARTING", "DRAINING_BLUE", "STOPPING_BLUE", "DONE"]
+        "PREFLIGHT",
+        "GREEN_STARTING",
+        "DRAINING_BLUE",
+        "STOPPING_BLUE",
+        "DONE",
+    ]
     green = ledger.instance(result["green_id"])
     wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
 
@@ -105,14 +116,21 @@ def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig)
     deploy(cfg, version="v1", wait_s=240)
     build_artifact(cfg, "v2")
     env = {**os.environ, **config_env(cfg)}
-    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "upgrade", "--version", "v2"], env=env,
-                            cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay.cli", "upgrade", "--version", "v2"],
+        env=env,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+
         def green_started() -> bool:
             ops = ledger.operations(cfg.pipeline, "upgrade", 1)
             if not ops or "green_id" not in ops[0]["data"]:
                 return False
             return ledger.instance(ops[0]["data"]["green_id"]).submission_id is not None
+
         wait_for("green to be submitted", green_started, timeout=120)
     finally:
         proc.kill()
@@ -122,8 +140,9 @@ def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig)
     produce(cfg.kafka_bootstrap, cfg.topic, 300, None, partitions=cfg.partitions)
     # Running the DAG again resumes the same upgrade to DONE.
     ensure_airflow_db(cfg)
-    state, output = run_dag_test(cfg, "relay_upgrade", {"version": "v2", "grace_seconds": 240,
-                                                        "drain_timeout_seconds": 240})
+    state, output = run_dag_test(
+        cfg, "relay_upgrade", {"version": "v2", "grace_seconds": 240, "drain_timeout_seconds": 240}
+    )
     assert state == "success", output[-4000:]
     result = _result_of(ledger.operation(op["id"]))
     assert result["state"] == "DONE" and f"resuming upgrade {op['id']}" in output, output[-4000:]

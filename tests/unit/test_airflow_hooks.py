@@ -12,8 +12,9 @@ from relay.airflow_local import airflow_env, connection_env
 from relay.config import PROJECT_ROOT, load_config
 
 # Airflow reads AIRFLOW_HOME when first imported: point it under var/ (not ~/airflow) before that.
-for _key, _value in airflow_env(load_config({"RELAY_DATA_DIR": str(PROJECT_ROOT / "var" / "pytest" /
-                                                                   "airflow-parse")})).items():
+for _key, _value in airflow_env(
+    load_config({"RELAY_DATA_DIR": str(PROJECT_ROOT / "var" / "pytest" / "airflow-parse")})
+).items():
     if _key.startswith("AIRFLOW"):
         os.environ.setdefault(_key, _value)
 if str(PROJECT_ROOT / "plugins") not in sys.path:  # Airflow puts plugins/ on sys.path; tests do it here
@@ -30,9 +31,15 @@ from relay_airflow.sensors.first_commit import FirstCommitSensor  # noqa: E402
 @pytest.fixture
 def connections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Connections of a stack on unusual ports, as LocalAirflow hands them to its processes."""
-    config = load_config({"RELAY_DATA_DIR": str(tmp_path), "RELAY_SPARK_MASTER_UI_PORT": "28080",
-                          "RELAY_SPARK_REST_PORT": "26066", "RELAY_SPARK_MASTER_PORT": "27077",
-                          "RELAY_KAFKA_PORT": "29092"})
+    config = load_config(
+        {
+            "RELAY_DATA_DIR": str(tmp_path),
+            "RELAY_SPARK_MASTER_UI_PORT": "28080",
+            "RELAY_SPARK_REST_PORT": "26066",
+            "RELAY_SPARK_MASTER_PORT": "27077",
+            "RELAY_KAFKA_PORT": "29092",
+        }
+    )
     env = connection_env(config)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -46,11 +53,15 @@ def test_spark_hook_builds_client_from_connection(connections: dict[str, str]) -
 
 
 def test_spark_hook_defaults_rest_port_when_extra_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_OTHER_SPARK", json.dumps({"conn_type": "relay_spark",
-                                                               "host": "10.0.0.5", "port": 8080}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_OTHER_SPARK", json.dumps({"conn_type": "relay_spark", "host": "10.0.0.5", "port": 8080})
+    )
     urls = SparkStandaloneHook("other_spark").urls()
-    assert urls == {"master_ui_url": "http://10.0.0.5:8080", "rest_url": "http://10.0.0.5:6066",
-                    "master_url": "spark://10.0.0.5:7077"}
+    assert urls == {
+        "master_ui_url": "http://10.0.0.5:8080",
+        "rest_url": "http://10.0.0.5:6066",
+        "master_url": "spark://10.0.0.5:7077",
+    }
 
 
 def test_spark_hook_test_connection_reports_unreachable_master(connections: dict[str, str]) -> None:
@@ -68,23 +79,36 @@ def test_kafka_hook_falls_back_to_host_and_port(monkeypatch: pytest.MonkeyPatch)
     assert KafkaOffsetsHook("k2").bootstrap_servers() == "broker.example:9093"
 
 
-def test_ledger_hook_returns_a_ledger_on_the_connection_url(connections: dict[str, str],
-                                                            tmp_path: Path) -> None:
+def test_ledger_hook_returns_a_ledger_on_the_connection_url(
+    connections: dict[str, str], tmp_path: Path
+) -> None:
     ledger = LedgerHook().get_conn()
     assert ledger.url == f"sqlite:///{tmp_path / 'ledger.db'}"
     assert LedgerHook().test_connection() == (True, f"ledger at {ledger.url}")
 
 
 def test_ledger_hook_builds_postgres_url_keeping_the_password_in_its_field(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_PG_LEDGER", json.dumps({
-        "conn_type": "relay_ledger", "host": "db", "port": 5433, "login": "relay", "password": "s3cret",
-        "schema": "ledger"}))
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PG_LEDGER",
+        json.dumps(
+            {
+                "conn_type": "relay_ledger",
+                "host": "db",
+                "port": 5433,
+                "login": "relay",
+                "password": "s3cret",
+                "schema": "ledger",
+            }
+        ),
+    )
     assert LedgerHook("pg_ledger").sqlalchemy_url() == "postgresql+psycopg2://relay:s3cret@db:5433/ledger"
 
 
-def test_config_from_connections_overrides_only_addresses(connections: dict[str, str],
-                                                          tmp_path: Path) -> None:
+def test_config_from_connections_overrides_only_addresses(
+    connections: dict[str, str], tmp_path: Path
+) -> None:
     base = load_config({"RELAY_DATA_DIR": str(tmp_path / "elsewhere"), "RELAY_PIPELINE": "p1"})
     config = relay_config_from_connections(base)
     assert config.pipeline == "p1" and config.data_dir == tmp_path / "elsewhere"
@@ -95,7 +119,8 @@ def test_config_from_connections_overrides_only_addresses(connections: dict[str,
 
 
 def test_config_from_connections_keeps_config_when_no_connection_exists(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     for name in ("RELAY_SPARK", "RELAY_KAFKA", "RELAY_LEDGER"):
         monkeypatch.delenv(f"AIRFLOW_CONN_{name}", raising=False)
     with pytest.raises(AirflowNotFoundException):

@@ -87,8 +87,13 @@ def test_options_quick_and_messages() -> None:
 
 
 def _batch(batch_id: int, start: float, end: float, rows: int, to: dict[int, int]) -> dict:
-    return {"batch_id": batch_id, "started_at": start, "committed_at": end, "rows_read": rows,
-            "ranges": [{"topic": "t", "partition": p, "from": 0, "to": o} for p, o in to.items()]}
+    return {
+        "batch_id": batch_id,
+        "started_at": start,
+        "committed_at": end,
+        "rows_read": rows,
+        "ranges": [{"topic": "t", "partition": p, "from": 0, "to": o} for p, o in to.items()],
+    }
 
 
 def test_throughput_runs_from_first_batch_start_to_the_batch_reaching_latest() -> None:
@@ -112,30 +117,47 @@ def test_throughput_without_batches_or_not_reaching_latest() -> None:
     assert not r["reached_latest"] and r["rows"] == 10
 
 
-@pytest.mark.parametrize(("cmd", "expected"), [
-    (["/usr/bin/java", "-cp", "x", "org.apache.spark.deploy.worker.DriverWrapper", "spark://"], "driver_jvm"),
-    (["/usr/lib/jvm/bin/java", "org.apache.spark.executor.CoarseGrainedExecutorBackend"], "executor_jvm"),
-    (["java", "org.apache.spark.deploy.master.Master", "--host"], "spark_master"),
-    (["java", "org.apache.spark.deploy.worker.Worker"], "spark_worker"),
-    (["/venv/bin/python", "/data/artifacts/v1/reference_job.py", "--instance-id", "1"], "python_driver"),
-    (["/venv/bin/python", "-m", "pyspark.daemon"], "python_workers"),
-    (["/site-packages/noida_db/noida-db", "start", "--only", "kafka"], "kafka"),
-    ([], "other"),
-])
+@pytest.mark.parametrize(
+    ("cmd", "expected"),
+    [
+        (
+            ["/usr/bin/java", "-cp", "x", "org.apache.spark.deploy.worker.DriverWrapper", "spark://"],
+            "driver_jvm",
+        ),
+        (["/usr/lib/jvm/bin/java", "org.apache.spark.executor.CoarseGrainedExecutorBackend"], "executor_jvm"),
+        (["java", "org.apache.spark.deploy.master.Master", "--host"], "spark_master"),
+        (["java", "org.apache.spark.deploy.worker.Worker"], "spark_worker"),
+        (["/venv/bin/python", "/data/artifacts/v1/reference_job.py", "--instance-id", "1"], "python_driver"),
+        (["/venv/bin/python", "-m", "pyspark.daemon"], "python_workers"),
+        (["/site-packages/noida_db/noida-db", "start", "--only", "kafka"], "kafka"),
+        ([], "other"),
+    ],
+)
 def test_processes_are_classified_by_command_line(cmd: list[str], expected: str) -> None:
     assert classify_process(cmd) == expected
 
 
 def test_memory_peaks_take_the_largest_sample_per_category() -> None:
     samples = [
-        {"at": 1, "categories": {"driver_jvm": {"rss": 300.0, "pss": 280.0, "procs": 1},
-                                 "python_workers": {"rss": 100.0, "pss": 60.0, "procs": 2}},
-         "total_rss": 400.0, "total_pss": 340.0},
-        {"at": 2, "categories": {"driver_jvm": {"rss": 350.0, "pss": 330.0, "procs": 1}},
-         "total_rss": 350.0, "total_pss": 330.0},
+        {
+            "at": 1,
+            "categories": {
+                "driver_jvm": {"rss": 300.0, "pss": 280.0, "procs": 1},
+                "python_workers": {"rss": 100.0, "pss": 60.0, "procs": 2},
+            },
+            "total_rss": 400.0,
+            "total_pss": 340.0,
+        },
+        {
+            "at": 2,
+            "categories": {"driver_jvm": {"rss": 350.0, "pss": 330.0, "procs": 1}},
+            "total_rss": 350.0,
+            "total_pss": 330.0,
+        },
     ]
-    peaks = memory_peaks(samples, {11: ("driver_jvm", 360.0), 12: ("python_workers", 70.0),
-                                   13: ("python_workers", 50.0)})
+    peaks = memory_peaks(
+        samples, {11: ("driver_jvm", 360.0), 12: ("python_workers", 70.0), 13: ("python_workers", 50.0)}
+    )
     assert peaks["categories"]["driver_jvm"]["peak_rss_mb"] == 350.0
     workers = peaks["categories"]["python_workers"]
     assert workers == {"peak_rss_mb": 100.0, "peak_pss_mb": 60.0, "max_procs": 2, "hwm_sum_mb": 120.0}
@@ -145,7 +167,7 @@ def test_memory_peaks_take_the_largest_sample_per_category() -> None:
 
 def test_phase_timer_keys_statements_by_verb_and_table() -> None:
     assert PhaseTimer.key("SELECT instances.id FROM instances WHERE id = ? FOR UPDATE") == "SELECT instances"
-    assert PhaseTimer.key('INSERT INTO messages (pipeline) VALUES (?)') == "INSERT messages"
+    assert PhaseTimer.key("INSERT INTO messages (pipeline) VALUES (?)") == "INSERT messages"
     assert PhaseTimer.key("UPDATE leases SET next_offset=? WHERE id = ?") == "UPDATE leases"
     assert PhaseTimer.key("BEGIN IMMEDIATE") == "BEGIN"
 
@@ -154,11 +176,23 @@ def test_result_json_shape_and_table(tmp_path) -> None:  # noqa: ANN001 - pytest
     result = new_result(BenchOptions.build(quick=True, only="throughput,ledger"), "20260101-000000", tmp_path)
     assert result["schema"] == 1 and set(result["sections"]) == set(SECTIONS)
     assert all(s["status"] == "skipped" for s in result["sections"].values())
-    result["machine"] = {"cores": 2, "memory_gib": 24.0, "python": "3.11", "pyspark": "4.2.0", "java": "17",
-                         "kafka_python": "3.0", "crc32c": True, "load_start": [1.0, 1.0, 1.0],
-                         "load_end": [2.0, 1.0, 1.0]}
-    result["sections"]["throughput"].update(status="ok", figures=[
-        figure("applied end to end", 25_000, "msg/s", "kafka-python consumer", 100_000, better="higher")])
+    result["machine"] = {
+        "cores": 2,
+        "memory_gib": 24.0,
+        "python": "3.11",
+        "pyspark": "4.2.0",
+        "java": "17",
+        "kafka_python": "3.0",
+        "crc32c": True,
+        "load_start": [1.0, 1.0, 1.0],
+        "load_end": [2.0, 1.0, 1.0],
+    }
+    result["sections"]["throughput"].update(
+        status="ok",
+        figures=[
+            figure("applied end to end", 25_000, "msg/s", "kafka-python consumer", 100_000, better="higher")
+        ],
+    )
     result["sections"]["ledger"].update(status="failed", error="LedgerError: boom")
     result["ok"] = False
     path = tmp_path / "results.json"

@@ -85,8 +85,13 @@ def kafka(monkeypatch) -> type[FakeKafka]:
     return K
 
 
-def new_instance(ledger: Ledger, state: InstanceState | None = None, version: str = "v1",
-                 color: Color = Color.BLUE, leases: bool = True) -> Instance:
+def new_instance(
+    ledger: Ledger,
+    state: InstanceState | None = None,
+    version: str = "v1",
+    color: Color = Color.BLUE,
+    leases: bool = True,
+) -> Instance:
     """An instance named like the launcher names it, holding partitions 0 and 1 from offset 0."""
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, P, version, color, "/nonexistent", "")
@@ -99,20 +104,33 @@ def new_instance(ledger: Ledger, state: InstanceState | None = None, version: st
         return ledger.instance(inst.id, conn)
 
 
-def batch(ledger: Ledger, attempt, batch_id: int, start: dict[int, int], end: dict[int, int],
-          poison: int = 0, started_at: float | None = None) -> None:
+def batch(
+    ledger: Ledger,
+    attempt,
+    batch_id: int,
+    start: dict[int, int],
+    end: dict[int, int],
+    poison: int = 0,
+    started_at: float | None = None,
+) -> None:
     """One real batch through the commit protocol (keys are counters; ``poison`` negative keys)."""
     records = [Record(T, p, o, str(o).encode(), b"v") for p in end for o in range(start[p], end[p])]
     for i in range(poison):
         p = next(iter(end))
         records[i] = Record(T, p, records[i].offset, b"-1", b"bad")
-    commit_batch(ledger, attempt, batch_id, {T: start}, {T: end}, records, ReferenceSink("v1"),
-                 started_at=started_at)
+    commit_batch(
+        ledger, attempt, batch_id, {T: start}, {T: end}, records, ReferenceSink("v1"), started_at=started_at
+    )
 
 
 def app(inst_id: int | str, pipeline: str = P) -> SparkApp:
-    return SparkApp(id=f"app-{inst_id}", name=f"relay-{pipeline}-{inst_id}", state=AppState.RUNNING,
-                    start_time_ms=0, cores=1)
+    return SparkApp(
+        id=f"app-{inst_id}",
+        name=f"relay-{pipeline}-{inst_id}",
+        state=AppState.RUNNING,
+        start_time_ms=0,
+        cores=1,
+    )
 
 
 def running(ledger: Ledger, *instances: Instance, extra_apps: list[SparkApp] | None = None) -> Inventory:
@@ -145,8 +163,9 @@ def test_lag_above_threshold_warns(config, ledger, kafka):
     inst = new_instance(ledger)
     batch(ledger, ledger.start_attempt(inst.id), 0, {0: 0, 1: 0}, {0: 10, 1: 10})
     kafka.latest_offsets = {0: 5000, 1: 10}
-    report = run_health(config, ledger, inventory=running(ledger, inst),
-                        thresholds=Thresholds(lag_warn_records=1000))
+    report = run_health(
+        config, ledger, inventory=running(ledger, inst), thresholds=Thresholds(lag_warn_records=1000)
+    )
     assert report.check("lag").level is Level.WARN
     assert "[0] 4990 records" in report.check("lag").message
 
@@ -220,10 +239,15 @@ def test_down_and_caught_up_is_a_warning_not_a_crash(config, ledger, kafka):
 
 def test_everything_unreachable_becomes_check_results(tmp_path, ledger):
     """Real clients against closed ports: no exception, CRITICAL findings that name what is wrong."""
-    cfg = RelayConfig(data_dir=tmp_path, pipeline=P, topic=T, ledger_url=ledger.url,
-                      kafka_bootstrap=f"127.0.0.1:{free_port()}",
-                      spark_master_ui_url=f"http://127.0.0.1:{free_port()}",
-                      spark_rest_url=f"http://127.0.0.1:{free_port()}")
+    cfg = RelayConfig(
+        data_dir=tmp_path,
+        pipeline=P,
+        topic=T,
+        ledger_url=ledger.url,
+        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        spark_master_ui_url=f"http://127.0.0.1:{free_port()}",
+        spark_rest_url=f"http://127.0.0.1:{free_port()}",
+    )
     inst = new_instance(ledger)  # live in the ledger, with a Spark driver id the master can't be asked about
     ledger.start_attempt(inst.id)
     report = run_health(cfg, ledger)
@@ -259,8 +283,14 @@ def test_retention_time_left_from_produce_rate_warns_under_two_intervals(config,
     kafka.latest_offsets = {0: 100, 1: 0}
     run_health(config, ledger, inventory=running(ledger, inst), now=t0)
     kafka.latest_offsets = {0: 1100, 1: 0}  # 10 records/s produced; the cursor is still at 0
-    report = run_health(config, ledger, now=t0 + 100, inventory=running(ledger, inst),
-                        offsets=relay.status.offsets_view(config, ledger), retention_ms=500_000)
+    report = run_health(
+        config,
+        ledger,
+        now=t0 + 100,
+        inventory=running(ledger, inst),
+        offsets=relay.status.offsets_view(config, ledger),
+        retention_ms=500_000,
+    )
     p0 = part(report, "retention", 0)
     assert p0["produce_rate"] == pytest.approx(10.0)
     # the record at the cursor is ~1100 / 10 = 110 s old: 500 - 110 = 390 s left < 2 x 300 s

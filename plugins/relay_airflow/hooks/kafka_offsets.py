@@ -24,8 +24,10 @@ class KafkaOffsetsHook(BaseHook):
 
     @staticmethod
     def get_ui_field_behaviour() -> dict[str, Any]:
-        return {"hidden_fields": ["schema", "login", "password", "host", "port"],
-                "placeholders": {"extra": '{"bootstrap.servers": "127.0.0.1:9092"}'}}
+        return {
+            "hidden_fields": ["schema", "login", "password", "host", "port"],
+            "placeholders": {"extra": '{"bootstrap.servers": "127.0.0.1:9092"}'},
+        }
 
     def bootstrap_servers(self) -> str:
         conn = self.get_connection(self.kafka_conn_id)

@@ -27,8 +27,12 @@ class LedgerHook(BaseHook):
 
     @staticmethod
     def get_ui_field_behaviour() -> dict[str, Any]:
-        return {"placeholders": {"extra": '{"url": "sqlite:////path/to/ledger.db"}',
-                                 "host": "PostgreSQL host (when no extra url)"}}
+        return {
+            "placeholders": {
+                "extra": '{"url": "sqlite:////path/to/ledger.db"}',
+                "host": "PostgreSQL host (when no extra url)",
+            }
+        }
 
     def sqlalchemy_url(self) -> str:
         conn = self.get_connection(self.ledger_conn_id)

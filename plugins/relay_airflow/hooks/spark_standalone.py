@@ -28,10 +28,14 @@ class SparkStandaloneHook(BaseHook):
 
     @staticmethod
     def get_ui_field_behaviour() -> dict[str, Any]:
-        return {"hidden_fields": ["schema", "login", "password"],
-                "placeholders": {"host": "127.0.0.1 (master web UI)", "port": "8080",
-                                 "extra": '{"rest_url": "http://127.0.0.1:6066", '
-                                          '"master_url": "spark://127.0.0.1:7077"}'}}
+        return {
+            "hidden_fields": ["schema", "login", "password"],
+            "placeholders": {
+                "host": "127.0.0.1 (master web UI)",
+                "port": "8080",
+                "extra": '{"rest_url": "http://127.0.0.1:6066", "master_url": "spark://127.0.0.1:7077"}',
+            },
+        }
 
     def urls(self) -> dict[str, str]:
         """``master_ui_url``, ``rest_url`` and ``master_url`` of the connection."""
@@ -40,9 +44,11 @@ class SparkStandaloneHook(BaseHook):
         extra = conn.extra_dejson
         ui = host if "://" in host else f"http://{host}:{conn.port or 8080}"
         bare = ui.split("://", 1)[1].rsplit(":", 1)[0]
-        return {"master_ui_url": ui,
-                "rest_url": str(extra.get("rest_url") or f"http://{bare}:6066"),
-                "master_url": str(extra.get("master_url") or f"spark://{bare}:7077")}
+        return {
+            "master_ui_url": ui,
+            "rest_url": str(extra.get("rest_url") or f"http://{bare}:6066"),
+            "master_url": str(extra.get("master_url") or f"spark://{bare}:7077"),
+        }
 
     def _get_client(self) -> SparkStandaloneClient:
         urls = self.urls()
@@ -63,5 +69,7 @@ class SparkStandaloneHook(BaseHook):
             return False, str(exc)
         if not state.alive:
             return False, f"master status is {state.status!r}"
-        return rest, (f"master ALIVE, {state.workers_alive} worker(s), REST "
-                      f"{'ready' if rest else 'not ready at ' + client.rest_url}")
+        return rest, (
+            f"master ALIVE, {state.workers_alive} worker(s), REST "
+            f"{'ready' if rest else 'not ready at ' + client.rest_url}"
+        )

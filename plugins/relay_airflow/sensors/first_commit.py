@@ -21,8 +21,9 @@ class FirstCommitSensor(BaseSensorOperator):
 
     template_fields = ("instance_id",)
 
-    def __init__(self, *, instance_id: int | str, ledger_conn_id: str = LedgerHook.default_conn_name,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, instance_id: int | str, ledger_conn_id: str = LedgerHook.default_conn_name, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("mode", "reschedule")
         kwargs.setdefault("poke_interval", 5)
         super().__init__(**kwargs)
