@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -61,26 +60,10 @@ def ran_batch(progress: Any) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     work: Path = args.work_dir.resolve()
-    for sub in ("local", "sock", "tmp"):
-        (work / sub).mkdir(parents=True, exist_ok=True)
-    os.environ["TMPDIR"] = str(work / "tmp")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark_jobs"))
+    from local_session import local_session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("relay-bench-rate-overhead")
-        .config("spark.driver.memory", "512m")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.local.dir", str(work / "local"))
-        .config("spark.python.unix.domain.socket.dir", str(work / "sock"))
-        .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work / 'tmp'} -XX:-UsePerfData")
-        .getOrCreate()
-    )
+    spark = local_session("relay-bench-rate-overhead", work, memory="512m")
     spark.sparkContext.setLogLevel("WARN")
     foreach_ms: dict[int, float] = {}
 

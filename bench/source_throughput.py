@@ -13,7 +13,6 @@ and stopped afterwards. All scratch files stay under --work-dir (default var/ben
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import subprocess
@@ -93,23 +92,10 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int, size: int
 
 def plain_consumer(bootstrap: str, topic: str, check_crcs: bool) -> tuple[int, float]:
     """One kafka-python consumer reading every partition from the beginning: (rows, rows/s)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from relay.bench import plain_consumer
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, check_crcs=check_crcs
-    )
-    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-    consumer.assign(tps)
-    ends = consumer.end_offsets(tps)
-    consumer.seek_to_beginning(*tps)
-    rows = 0
-    t0 = time.monotonic()
-    while any(consumer.position(tp) < ends[tp] for tp in tps):
-        for recs in consumer.poll(timeout_ms=1000, max_records=10_000).values():
-            rows += len(recs)
-    elapsed = time.monotonic() - t0
-    consumer.close()
-    return rows, rows / elapsed
+    result = plain_consumer(bootstrap, topic, check_crcs=check_crcs)
+    return result["rows"], result["msg_s"]
 
 
 def spark_source(
@@ -117,24 +103,9 @@ def spark_source(
 ) -> dict[str, float]:
     """Stream the backlog through relaykafka into the noop sink with Trigger.AvailableNow."""
     import kafka_source
-    from pyspark.sql import SparkSession
+    from local_session import local_session
 
-    for sub in ("local", "sock", "java", "tmp"):
-        (work_dir / sub).mkdir(parents=True, exist_ok=True)
-    os.environ["TMPDIR"] = str(work_dir / "tmp")
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench_source_throughput")
-        .config("spark.driver.memory", "1g")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.local.dir", str(work_dir / "local"))
-        .config("spark.python.unix.domain.socket.dir", str(work_dir / "sock"))
-        .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work_dir / 'java'} -XX:-UsePerfData")
-        .getOrCreate()
-    )
+    spark = local_session("bench_source_throughput", work_dir, memory="1g")
     spark.sparkContext.setLogLevel("WARN")
     try:
         kafka_source.register(spark)

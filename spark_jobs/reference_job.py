@@ -98,22 +98,15 @@ def starting_offsets(ledger: Ledger, instance_id: int) -> dict[str, dict[str, in
 
 
 def build_session(args: argparse.Namespace, app_name: str):  # noqa: ANN201 (pyspark type)
+    if args.local:
+        from local_session import local_session
+
+        return local_session(app_name, Path(args.spark_dir or "var/spark"), memory="1g")
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name)
-    if args.local:
-        spark_dir = Path(args.spark_dir or "var/spark").resolve()
-        (spark_dir / "tmp").mkdir(parents=True, exist_ok=True)
-        builder = (
-            builder.master("local[2]")
-            .config("spark.local.dir", str(spark_dir / "local"))
-            .config("spark.python.unix.domain.socket.dir", str(spark_dir / "sock"))
-            .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={spark_dir / 'tmp'} -XX:-UsePerfData")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.enabled", "false")
-        )
-    builder = builder.config("spark.ui.showConsoleProgress", "false")
-    return builder.getOrCreate()
+    return (
+        SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    )
 
 
 class Driver:

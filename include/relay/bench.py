@@ -611,11 +611,13 @@ def instance_batches(config: RelayConfig, instance_id: int) -> list[dict[str, An
 
 
 # ----------------------------------------------------------------------------------------- sections
-def plain_consumer(bootstrap: str, topic: str) -> dict[str, Any]:
+def plain_consumer(bootstrap: str, topic: str, check_crcs: bool = True) -> dict[str, Any]:
     """Baseline: one kafka-python consumer, all partitions assigned, from beginning to end."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, check_crcs=check_crcs
+    )
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         consumer.assign(tps)

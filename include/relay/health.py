@@ -437,8 +437,10 @@ def window_samples(samples: list[dict], now: float, window_s: float) -> list[dic
     return ([before[-1]] if before else []) + inside
 
 
-def produce_rates(offsets: list[dict], samples: list[dict], now: float) -> dict[int, float | None]:
-    """Records/s written per partition since the oldest sample (None without history)."""
+def _offset_rates(
+    offsets: list[dict], samples: list[dict], now: float, field: str
+) -> dict[int, float | None]:
+    """Records/s by which ``field`` (latest or earliest) moved per partition since the oldest sample."""
     rates: dict[int, float | None] = {}
     for row in offsets:
         p = int(row["partition"])
@@ -446,21 +448,18 @@ def produce_rates(offsets: list[dict], samples: list[dict], now: float) -> dict[
         if old is None or now - old["at"] <= 0:
             rates[p] = None
         else:
-            rates[p] = max(int(row["latest"]) - int(old["offsets"][p]["latest"]), 0) / (now - old["at"])
+            rates[p] = max(int(row[field]) - int(old["offsets"][p][field]), 0) / (now - old["at"])
     return rates
+
+
+def produce_rates(offsets: list[dict], samples: list[dict], now: float) -> dict[int, float | None]:
+    """Records/s written per partition since the oldest sample (None without history)."""
+    return _offset_rates(offsets, samples, now, "latest")
 
 
 def earliest_rates(offsets: list[dict], samples: list[dict], now: float) -> dict[int, float | None]:
     """Records/s retention removed per partition since the oldest sample (None without history)."""
-    rates: dict[int, float | None] = {}
-    for row in offsets:
-        p = int(row["partition"])
-        old = next((s for s in samples if p in s["offsets"]), None)
-        if old is None or now - old["at"] <= 0:
-            rates[p] = None
-        else:
-            rates[p] = max(int(row["earliest"]) - int(old["offsets"][p]["earliest"]), 0) / (now - old["at"])
-    return rates
+    return _offset_rates(offsets, samples, now, "earliest")
 
 
 def check_progress(

@@ -12,13 +12,13 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from relay.errors import StackError
+from relay.ports import port_taken
 
 DATABASE = "relay"
 USER = "relay"
@@ -168,7 +168,7 @@ class LocalPostgres:
         """Start (initdb first if needed), create the ``relay`` database; return its URL."""
         self.init()
         if not self.healthy():
-            if _port_taken(self.host, self.port):
+            if port_taken(self.host, self.port):
                 raise StackError(f"PostgreSQL port {self.host}:{self.port} is already in use")
             opts = f"-h {self.host} -p {self.port} -k {self.socket_dir} -c listen_addresses={self.host}"
             self._run(
@@ -237,14 +237,3 @@ class LocalPostgres:
             timeout=timeout_s + 10,
         )
         return True
-
-
-def _port_taken(host: str, port: int) -> bool:
-    """True when something already listens on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False

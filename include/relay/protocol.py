@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from sqlalchemy.engine import Connection
@@ -132,8 +132,8 @@ def commit_batch(
                     )
                 moves.append((lease, target))
         # Step 4.
-        result = sink.write(conn, instance, batch_id, applied)
-        if result.dead_letters:
+        written = sink.write(conn, instance, batch_id, applied)
+        if written.dead_letters:
             now = time.time()
             conn.execute(
                 s.dead_letters.insert(),
@@ -149,7 +149,7 @@ def commit_batch(
                         error=err,
                         created_at=now,
                     )
-                    for r, err in result.dead_letters
+                    for r, err in written.dead_letters
                 ],
             )
         # Step 5.
@@ -168,33 +168,28 @@ def commit_batch(
         # Step 6.
         commit_ms = (time.perf_counter() - t0) * 1000
         now = time.time()
+        result = CommitResult(
+            batch_id=batch_id,
+            rows_read=len(records),
+            rows_applied=written.applied,
+            rows_skipped=len(records) - len(applied),
+            dead_letters=len(written.dead_letters),
+            ranges=ranges,
+            commit_ms=commit_ms,
+        )
         conn.execute(
             s.batches.insert().values(
                 pipeline=instance.pipeline,
                 instance_id=instance.id,
                 attempt_id=attempt.id,
                 epoch=attempt.epoch,
-                batch_id=batch_id,
-                rows_read=len(records),
-                rows_applied=result.applied,
-                rows_skipped=len(records) - len(applied),
-                dead_letters=len(result.dead_letters),
-                ranges=ranges,
                 started_at=started_at,
                 committed_at=now,
                 duration_ms=(now - started_at) * 1000,
-                commit_ms=commit_ms,
+                **asdict(result),
             )
         )
         conn.execute(s.attempts.update().where(s.attempts.c.id == attempt.id).values(heartbeat_at=now))
         if instance.state is InstanceState.STARTING:
             ledger.set_instance(instance.id, conn, state=InstanceState.ACTIVE)
-    return CommitResult(
-        batch_id=batch_id,
-        rows_read=len(records),
-        rows_applied=result.applied,
-        rows_skipped=len(records) - len(applied),
-        dead_letters=len(result.dead_letters),
-        ranges=ranges,
-        commit_ms=commit_ms,
-    )
+    return result

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.errors import KafkaError, SparkError, StackError
 from relay.kafka_offsets import KafkaOffsets
+from relay.ports import port_taken
 from relay.postgres_local import LocalPostgres
 from relay.spark_rest import SparkStandaloneClient
 
@@ -71,17 +71,6 @@ def spark_home() -> Path:
     if spec is None or not spec.origin:
         raise StackError("pyspark is not installed: cannot start a Spark standalone cluster")
     return Path(spec.origin).parent
-
-
-def port_taken(host: str, port: int) -> bool:
-    """True when something already listens on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -107,30 +107,13 @@ def admin_ks(broker_ks: str) -> Iterator[KafkaAdminClient]:
 @pytest.fixture(scope="module")
 def spark_ks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local[2] SparkSession whose scratch files all live in the test's tmp dir."""
-    from pyspark.sql import SparkSession
+    from local_session import local_session
 
     base = tmp_path_factory.mktemp("spark_ks")
-    for sub in ("local", "sock", "java", "tmp"):
-        (base / sub).mkdir()
     with pytest.MonkeyPatch.context() as mp:
-        # pyspark's gateway hand-shake uses Python's tempfile, and every child inherits the env
-        mp.setenv("TMPDIR", str(base / "tmp"))
-        mp.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+        mp.setenv("TMPDIR", str(base / "tmp"))  # restored after the session (local_session sets it)
         mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("test_kafka_source")
-            .config("spark.driver.memory", "768m")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.local.dir", str(base / "local"))
-            .config("spark.python.unix.domain.socket.dir", str(base / "sock"))
-            .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={base / 'java'} -XX:-UsePerfData")
-            .config("spark.sql.warehouse.dir", str(base / "warehouse"))
-            .getOrCreate()
-        )
+        spark = local_session("test_kafka_source", base)
         ks.register(spark)
         yield spark
         spark.stop()
