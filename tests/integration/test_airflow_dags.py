@@ -109,7 +109,7 @@ def test_provider_submit_hook_starts_a_cluster_driver(
     from relay.operations.deploy import create_instance
 
     for key, value in airflow_env(stack).items():  # connections, incl. relay_spark_submit
-        if key.startswith("AIRFLOW"):
+        if key.startswith("AIRFLOW") or key == "PATH":  # PATH: the hook finds spark-submit in the venv
             monkeypatch.setenv(key, value)
     monkeypatch.syspath_prepend(str(PROJECT_ROOT / "plugins"))
     from relay_airflow.provider_submit import submit_with_provider

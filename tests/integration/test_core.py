@@ -91,7 +91,17 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     wait_for("the restart to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     report = audit(cfg, ledger)
     assert report.ok and report.message_count == 20300, report.to_json()
-    stop(cfg)
+
+    # A fenced instance's driver exits on purpose (0) and the master's supervision does not relaunch it.
+    ledger.fence(second["instance_id"], "test: fenced by an operator")
+    wait_for(
+        "the fenced driver to finish",
+        lambda: spark_client(cfg).driver_status(second["submission_id"]) is DriverState.FINISHED,
+        timeout=120,
+    )
+    fenced_attempts = ledger.attempts(second["instance_id"])
+    assert [a.state for a in fenced_attempts] == [AttemptState.FENCED]
+    assert master_apps(cfg, cfg.pipeline) == []
 
     # Retention took records behind the cursor: the restart fails fast, writes nothing, is not relaunched.
     produce(cfg.kafka_bootstrap, cfg.topic, 300, None, partitions=cfg.partitions)
