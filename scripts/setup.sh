@@ -7,6 +7,7 @@ ROOT="$(pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.relay-setup.stamp"
 export DEBIAN_FRONTEND=noninteractive
+export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"  # trust the system CA store (proxies with their own CA)
 
 log() { echo "setup: $*" >&2; }
 
