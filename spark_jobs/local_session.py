@@ -7,6 +7,7 @@ files (Python's tempfile, so TMPDIR) by default under /tmp: each is pointed into
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,13 @@ def local_session(app_name: str, work_dir: Path, memory: str = "768m", cores: in
     os.environ["TMPDIR"] = str(work_dir / "tmp")
     tempfile.tempdir = None  # re-read TMPDIR
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers must run this interpreter (its venv has pyarrow), not whatever python3 is on PATH.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     return (
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app_name)
         .config("spark.driver.memory", memory)
+        .config("spark.pyspark.python", sys.executable)
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
