@@ -8,6 +8,7 @@ cannot fix (fenced, bad arguments, data loss) exits 0 under supervision and is r
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -192,8 +193,6 @@ class Driver:
 
         kafka_source.register(spark)
         args, inst = self.args, self.instance
-        import json
-
         stream = (
             spark.readStream.format("relaykafka")
             .option("kafka.bootstrap.servers", args.bootstrap)
@@ -250,12 +249,7 @@ class Driver:
                     f"attempt {attempt.id} (epoch {attempt.epoch}) superseded: "
                     f"instance {inst.id} is at epoch {current.current_epoch}, {current.state.value}"
                 )
-            with ledger.tx() as conn:
-                from relay.ledger import schema as s
-
-                conn.execute(
-                    s.attempts.update().where(s.attempts.c.id == attempt.id).values(heartbeat_at=time.time())
-                )
+            ledger.heartbeat(attempt.id)
             if (
                 current.state is InstanceState.STARTING
                 and query.status.get("message") == "Waiting for data to arrive"

@@ -284,6 +284,13 @@ class Ledger:
                 .values(state=state.value, ended_at=time.time(), error=error)
             )
 
+    def heartbeat(self, attempt_id: int) -> None:
+        """A live driver says so; health and the next attempt tell a dead one by a stale heartbeat."""
+        with self.tx() as conn:
+            conn.execute(
+                s.attempts.update().where(s.attempts.c.id == attempt_id).values(heartbeat_at=time.time())
+            )
+
     def set_attempt_app(self, attempt_id: int, app_id: str) -> None:
         with self.tx() as conn:
             conn.execute(s.attempts.update().where(s.attempts.c.id == attempt_id).values(app_id=app_id))
