@@ -7,7 +7,8 @@ and starts nothing), create an instance holding the ledger's unfinished ranges (
 position on a first start), submit its driver in cluster mode through the Spark REST server
 (supervised), and wait up to `wait_seconds` for its first committed batch.
 
-**Params** (validated when triggered; a bad value is refused): `version` (code version label),
+**Params** (validated when triggered; a bad value is refused): `version` (code version label as
+`relay.inputs.validate_version` defines it, or empty for the version that ran last),
 `starting` (`earliest` | `latest`, first start only), `wait_seconds` (30..1800).
 
 **Retries: 0.** A retry after a failure in the middle (driver submitted, no first commit yet) would
@@ -16,6 +17,9 @@ what to do is an operator's call (`relay_stop`, then deploy again). The task tim
 35 minutes, beyond the longest allowed wait.
 
 Addresses come from the connections `relay_spark`, `relay_kafka`, `relay_ledger` over `RELAY_*`.
+
+A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
+`relay_health`; logged at ERROR without it).
 """
 
 from __future__ import annotations
@@ -25,25 +29,30 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, get_current_context, task
+from relay.inputs import OPTIONAL_VERSION_PATTERN, VERSION_MAX_LENGTH
+from relay_airflow.notifiers import RelayAlertNotifier
 
 log = logging.getLogger("airflow.task")
 
 with DAG(
     dag_id="relay_deploy",
     schedule=None,
+    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
     catchup=False,
     max_active_runs=1,
     doc_md=__doc__,
     tags=["relay"],
-    default_args={"retries": 0},
+    default_args={"retries": 0, "on_failure_callback": [RelayAlertNotifier()]},
     params={
         "version": Param(
-            "v1",
+            "",
             type="string",
-            minLength=1,
-            maxLength=64,
-            pattern=r"^[A-Za-z0-9._-]+$",
-            description="code version label of the new instance",
+            maxLength=VERSION_MAX_LENGTH,
+            pattern=OPTIONAL_VERSION_PATTERN,  # the rule of relay.inputs.validate_version, or empty
+            description=(
+                "code version label of the new instance; empty = the version the pipeline ran last "
+                "(v1 on a first deploy)"
+            ),
         ),
         "starting": Param(
             "earliest",
@@ -70,7 +79,7 @@ with DAG(
         params = get_current_context()["params"]
         return deploy(
             relay_config_from_connections(),
-            version=params["version"],
+            version=params["version"] or None,
             starting=params["starting"],
             wait_s=float(params["wait_seconds"]),
             progress=log.info,

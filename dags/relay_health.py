@@ -5,8 +5,14 @@ Calls `relay.health.run_health` (the same function as the CLI): single instance 
 master), driver state and restarts, progress and stall, lag, retention margin, batch latency, dead
 letters. The structured report is persisted in the ledger and returned as the task's XCom.
 
-**The run fails on CRITICAL** (`AirflowFailException`, no retry: the state will not change in a few
-seconds) so Airflow's failure alerting fires. WARN succeeds; read the XCom/log.
+**The run fails on CRITICAL** (`HealthCriticalError`, an `AirflowFailException`: no retry, the state
+will not change in a few seconds) and the failure reaches a person through the notifier
+`RelayAlertNotifier` (`on_failure_callback` of every task): it POSTs the report's summary (one line per
+problem and the next step to run) and its non-OK checks as JSON to the Airflow connection
+**`relay_alerts`** (type http: `host` or a full URL, extra `endpoint`/`headers`, password = bearer
+token). Without that connection the alert is logged at ERROR in the task's log. WARN succeeds; read
+the XCom/log. Lag in seconds says how it was measured (`record_timestamp`: age of the oldest unapplied
+record, read at the cursor; `consume_rate`: lag / the rate while recent batches ran).
 
 **Retries: 1** (after 30 s), safe because a health check only reads (plus one report row): it covers
 a transient error such as a broker or master that did not answer. `catchup=False` and
@@ -20,31 +26,37 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, task
+from relay_airflow.notifiers import RelayAlertNotifier
 
 log = logging.getLogger("airflow.task")
 
 with DAG(
     dag_id="relay_health",
     schedule=timedelta(minutes=5),
+    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
     doc_md=__doc__,
     tags=["relay"],
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={
+        "retries": 1,
+        "retry_delay": timedelta(seconds=30),
+        "on_failure_callback": [RelayAlertNotifier()],
+    },
 ) as dag:
 
     @task(execution_timeout=timedelta(minutes=4))
     def check_health() -> dict:
-        """Run the checks; fail the task (no retry) when the report is CRITICAL."""
-        from airflow.sdk.exceptions import AirflowFailException
+        """Run the checks; fail the task (no retry, alert sent) when the report is CRITICAL."""
         from relay.health import run_health
         from relay_airflow.config import relay_config_from_connections
+        from relay_airflow.notifiers import HealthCriticalError
 
         report = run_health(relay_config_from_connections())
         log.info("%s", report.summary())
         if report.status.value == "CRITICAL":
-            raise AirflowFailException(report.summary())
+            raise HealthCriticalError(report.to_json())
         return report.to_json()
 
     check_health()

@@ -11,6 +11,9 @@ application of the pipeline, else the run fails.
 **Retries: 0.** A failed stop leaves a state someone must look at (an application the master still
 lists); retrying blindly would fence/kill again without a human noticing. Stopping twice is safe, so
 re-trigger by hand after reading the log. The task times out after 20 minutes.
+
+A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
+`relay_health`; logged at ERROR without it).
 """
 
 from __future__ import annotations
@@ -20,17 +23,19 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, get_current_context, task
+from relay_airflow.notifiers import RelayAlertNotifier
 
 log = logging.getLogger("airflow.task")
 
 with DAG(
     dag_id="relay_stop",
     schedule=None,
+    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
     catchup=False,
     max_active_runs=1,
     doc_md=__doc__,
     tags=["relay"],
-    default_args={"retries": 0},
+    default_args={"retries": 0, "on_failure_callback": [RelayAlertNotifier()]},
     params={
         "timeout_seconds": Param(
             120,

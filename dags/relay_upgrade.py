@@ -13,10 +13,14 @@ Every step is persisted (PREFLIGHT, GREEN_STARTING, DRAINING_BLUE, STOPPING_BLUE
 FAILED), so **a run that died half-way is resumed by triggering this DAG again with the same version**;
 two upgrades never run at once. `relay status` shows the last upgrades and their figures.
 
-**Params**: `version` (the target version; its artifact is built from the current code if missing),
+**Params** (validated when triggered; a bad value is refused): `version` (the target version, a label
+as `relay.inputs.validate_version` defines it; its artifact is built from the current code if missing),
 `handoff` (`latest` or JSON `{"<topic>": {"0": 42}}`), `grace_seconds`, `drain_timeout_seconds`.
 
 **Retries: 1.** Safe: a retry resumes the persisted upgrade where it stopped.
+
+A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
+`relay_health`; logged at ERROR without it).
 """
 
 from __future__ import annotations
@@ -26,29 +30,37 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, get_current_context, task
+from relay.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PATTERN
+from relay_airflow.notifiers import RelayAlertNotifier
 
 log = logging.getLogger("airflow.task")
 
 with DAG(
     dag_id="relay_upgrade",
     schedule=None,
+    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
     catchup=False,
     max_active_runs=1,
     doc_md=__doc__,
     tags=["relay"],
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={
+        "retries": 1,
+        "retry_delay": timedelta(seconds=30),
+        "on_failure_callback": [RelayAlertNotifier()],
+    },
     params={
         "version": Param(
             type="string",
             minLength=1,
-            maxLength=64,
-            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+            maxLength=VERSION_MAX_LENGTH,
+            pattern=VERSION_PATTERN,  # the rule of relay.inputs.validate_version
             description="target code version",
         ),
         "handoff": Param(
             "latest",
             type="string",
             minLength=1,
+            pattern=HANDOFF_PATTERN,
             description='"latest", or explicit offsets as JSON {"topic": {"0": 42}}',
         ),
         "grace_seconds": Param(

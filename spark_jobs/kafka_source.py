@@ -13,19 +13,34 @@ Python process the driver JVM starts (the "planner"); ``read`` runs in executor 
 pickled copy of the reader. The planner keeps one lazily created consumer for metadata and offsets;
 each ``read`` opens and closes its own consumer (no group, no auto commit: Spark's checkpoint, and
 Relay's ledger, own the positions).
+
+What the next batch reads is decided in :mod:`kafka_offsets_plan` (pure functions: bounded batches,
+data loss, new partitions, lease caps); the options are validated in :mod:`kafka_source_options`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
+import kafka_offsets_plan
+import kafka_source_options
+from kafka_offsets_plan import (
+    EARLIEST,
+    LATEST,
+    SOURCE_NAME,
+    OffsetJson,
+    PartitionOffsets,
+    batch_row_limit,
+    from_offset_json,
+    parse_starting_offsets,
+    plan_batch_end,
+    to_offset_json,
+)
+from kafka_source_options import SourceSettings, ledger_url_from_env
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -46,8 +61,6 @@ from relay.errors import ConfigError, DataLossError, KafkaError
 
 log = logging.getLogger(__name__)
 
-SOURCE_NAME = "relaykafka"
-
 #: Spark's own Kafka source schema (KafkaRecordToRowConverter.kafkaSchema), all fields nullable.
 KAFKA_SCHEMA = StructType(
     [
@@ -61,174 +74,7 @@ KAFKA_SCHEMA = StructType(
     ]
 )
 
-#: Offsets as Spark's Kafka source stores them: topic -> partition (as a string) -> next offset.
-OffsetJson = dict[str, dict[str, int]]
-#: The same, keyed by (topic, partition) for arithmetic.
-PartitionOffsets = dict[tuple[str, int], int]
-
-_EARLIEST, _LATEST = -2, -1  # Spark's sentinels inside a startingOffsets JSON
 _ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch yielded by read(): bounded memory, few JVM round trips
-
-
-@dataclass(frozen=True)
-class SourceSettings:
-    """The validated options. Frozen and picklable: it travels to executors inside the reader."""
-
-    bootstrap_servers: str
-    topics: tuple[str, ...]
-    starting_offsets: str = "latest"
-    max_offsets_per_trigger: int | None = None
-    fail_on_data_loss: bool = True
-    poll_timeout_ms: int = 10_000
-    isolation_level: str = "read_uncommitted"
-    check_crcs: bool = True
-    ledger_url: str | None = None
-    instance_id: int | None = None
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> SourceSettings:
-        """Validate Spark's option map; keys arrive lower-cased, so every lookup ignores case."""
-        opts = {str(k).lower(): str(v) for k, v in options.items()}
-
-        def req(key: str) -> str:
-            value = opts.get(key.lower(), "").strip()
-            if not value:
-                raise ConfigError(f"{SOURCE_NAME} source: option '{key}' is required")
-            return value
-
-        def as_int(key: str, default: int | None, minimum: int) -> int | None:
-            raw = opts.get(key.lower())
-            if raw is None or raw.strip() == "":
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ConfigError(
-                    f"{SOURCE_NAME} source: option '{key}' must be an integer, got {raw!r}"
-                ) from None
-            if value < minimum:
-                raise ConfigError(f"{SOURCE_NAME} source: option '{key}' must be >= {minimum}, got {value}")
-            return value
-
-        def as_bool(key: str, default: bool) -> bool:
-            raw = opts.get(key.lower())
-            if raw is None:
-                return default
-            if raw.strip().lower() in ("true", "false"):
-                return raw.strip().lower() == "true"
-            raise ConfigError(f"{SOURCE_NAME} source: option '{key}' must be true or false, got {raw!r}")
-
-        topics = tuple(dict.fromkeys(t.strip() for t in req("subscribe").split(",") if t.strip()))
-        if not topics:
-            raise ConfigError(f"{SOURCE_NAME} source: option 'subscribe' names no topic")
-        isolation = opts.get("kafka.isolation.level", "read_uncommitted").strip()
-        if isolation not in ("read_uncommitted", "read_committed"):
-            raise ConfigError(
-                f"{SOURCE_NAME} source: kafka.isolation.level must be read_uncommitted or read_committed"
-            )
-        ledger_url = opts.get("relay.ledgerurl") or None
-        instance_id = as_int("relay.instanceId", None, 0)
-        if (ledger_url is None) != (instance_id is None):
-            raise ConfigError(
-                f"{SOURCE_NAME} source: set both relay.ledgerUrl and relay.instanceId, or neither"
-            )
-        settings = cls(
-            bootstrap_servers=req("kafka.bootstrap.servers"),
-            topics=topics,
-            starting_offsets=opts.get("startingoffsets", "latest").strip(),
-            max_offsets_per_trigger=as_int("maxOffsetsPerTrigger", None, 1),
-            fail_on_data_loss=as_bool("failOnDataLoss", True),
-            poll_timeout_ms=as_int("pollTimeoutMs", 10_000, 1) or 10_000,
-            isolation_level=isolation,
-            check_crcs=as_bool("kafka.check.crcs", True),
-            ledger_url=ledger_url,
-            instance_id=instance_id,
-        )
-        parse_starting_offsets(settings.starting_offsets, settings.topics)  # fail at definition time
-        return settings
-
-    def consumer_config(self, client_id: str) -> dict[str, Any]:
-        """Consumer settings shared by planner and readers: no group, no commits, never auto-reset.
-
-        ``auto_offset_reset='none'`` matters: with 'earliest' kafka-python silently skips deleted
-        records (PLATFORM.md), which would turn data loss into a quiet success.
-        """
-        return {
-            "bootstrap_servers": self.bootstrap_servers.split(","),
-            "client_id": client_id,
-            "group_id": None,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "none",
-            "isolation_level": self.isolation_level,
-            "check_crcs": self.check_crcs,
-        }
-
-
-def parse_starting_offsets(value: str, topics: tuple[str, ...]) -> str | PartitionOffsets:
-    """Return 'earliest', 'latest' or the explicit offsets of a Spark-style JSON."""
-    lowered = value.lower()
-    if lowered in ("earliest", "latest"):
-        return lowered
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        raise ConfigError(
-            f"{SOURCE_NAME} source: startingOffsets must be earliest, latest or JSON like "
-            f'{{"topic":{{"0":23}}}}, got {value!r}'
-        ) from None
-    if not isinstance(parsed, dict):
-        raise ConfigError(f"{SOURCE_NAME} source: startingOffsets JSON must be an object, got {value!r}")
-    unknown = sorted(set(parsed) - set(topics))
-    if unknown:
-        raise ConfigError(f"{SOURCE_NAME} source: startingOffsets names topics not subscribed: {unknown}")
-    try:
-        return {(t, int(p)): int(o) for t, parts in parsed.items() for p, o in parts.items()}
-    except (AttributeError, TypeError, ValueError):
-        raise ConfigError(
-            f"{SOURCE_NAME} source: startingOffsets JSON must map topic -> partition -> offset"
-        ) from None
-
-
-def to_offset_json(offsets: PartitionOffsets) -> OffsetJson:
-    """Spark's Kafka offset JSON, in a stable order so equal offsets serialise to equal strings."""
-    out: OffsetJson = {}
-    for topic, partition in sorted(offsets):
-        out.setdefault(topic, {})[str(partition)] = int(offsets[(topic, partition)])
-    return out
-
-
-def from_offset_json(offsets: Mapping[str, Mapping[str, int]]) -> PartitionOffsets:
-    """Inverse of :func:`to_offset_json`."""
-    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
-
-
-def rate_limit(start: PartitionOffsets, until: PartitionOffsets, limit: int) -> PartitionOffsets:
-    """Split ``limit`` offsets across partitions proportionally to their backlog.
-
-    Follows Spark's ``KafkaMicroBatchStream.rateLimit`` (floor of each prorated share, a share below
-    one rounded up so no partition starves), with one correction: Spark's round-up can exceed the
-    limit; here the excess is taken back from the largest shares, so the total never exceeds
-    ``limit`` as long as ``limit`` >= the number of partitions with a backlog.
-    """
-    sizes = {tp: end - start[tp] for tp, end in until.items() if tp in start and end - start[tp] > 0}
-    total = sum(sizes.values())
-    if total <= limit:
-        return dict(until)
-    shares: dict[tuple[str, int], int] = {}
-    for tp, size in sizes.items():
-        prorate = limit * (size / total)
-        shares[tp] = min(size, math.ceil(prorate) if prorate < 1 else math.floor(prorate))
-    excess = sum(shares.values()) - limit
-    for tp in sorted(shares, key=lambda k: (-shares[k], k)):
-        if excess <= 0:
-            break
-        take = min(excess, shares[tp] - 1)
-        shares[tp] -= take
-        excess -= take
-    result = dict(until)
-    for tp, share in shares.items():
-        result[tp] = start[tp] + share
-    return result
 
 
 class KafkaInputPartition(InputPartition):
@@ -341,12 +187,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         resolved: PartitionOffsets = {}
         for tp, first in earliest.items():
-            wanted = spec.get(tp, _EARLIEST)
-            resolved[tp] = first if wanted == _EARLIEST else latest[tp] if wanted == _LATEST else wanted
+            wanted = spec.get(tp, EARLIEST)
+            resolved[tp] = first if wanted == EARLIEST else latest[tp] if wanted == LATEST else wanted
         return to_offset_json(resolved)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        """maxOffsetsPerTrigger bounds every batch, so a backlog (and a graceful stop) stays bounded."""
+        """maxOffsetsPerTrigger: Spark hands it back to latestOffset on every processing-time and
+        AvailableNow batch. latestOffset enforces it itself as well, because under Trigger.Once
+        Spark passes ReadAllAvailable instead (see :func:`kafka_offsets_plan.batch_row_limit`).
+        """
         if self.settings.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.settings.max_offsets_per_trigger)
         return ReadAllAvailable()
@@ -356,58 +205,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _, self._available_now_end = self._offsets(self._topic_partitions())
 
     def latestOffset(self, start: OffsetJson, limit: ReadLimit) -> OffsetJson:
-        """End offsets of the next batch: broker ends, new partitions, guard caps, then the read limit.
+        """End offsets of the next batch (:func:`kafka_offsets_plan.plan_batch_end`).
 
+        Every batch spans at most maxOffsetsPerTrigger offsets whatever ``limit`` Spark passes, the
+        first batch after a restart or a long outage included: a batch is collected on the driver.
         Data loss is checked here, on the driver, so a restart on a position retention deleted fails
         before any batch runs.
         """
         guard = self._read_guard()
         if guard is not None and guard.stop_requested:
             return start  # no new batch: the query can stop between batches
-        begin = from_offset_json(start)
         earliest, latest = self._offsets(self._topic_partitions())
         if self._available_now_end is not None:
             latest = {tp: min(end, self._available_now_end.get(tp, end)) for tp, end in latest.items()}
-
-        effective_start: PartitionOffsets = {}
-        until: PartitionOffsets = {}
-        for tp, first in earliest.items():
-            if tp not in begin:
-                # A new partition enters the offsets at its earliest offset and is read from the next
-                # batch on: the checkpoint records where it starts before any of its rows are read.
-                log.info("%s source: new partition %s[%d] starts at offset %d", SOURCE_NAME, *tp, first)
-                until[tp] = first
-                continue
-            pos = begin[tp]
-            if pos < first:
-                if self.settings.fail_on_data_loss:
-                    raise DataLossError(tp[0], tp[1], pos, first)
-                log.warning("%s", DataLossError(tp[0], tp[1], pos, first))
-                log.warning("failOnDataLoss=false: %s[%d] continues from earliest offset %d", *tp, first)
-                pos = first
-            if pos > latest[tp]:
-                if self.settings.fail_on_data_loss:
-                    raise KafkaError(
-                        f"{tp[0]}[{tp[1]}]: the offset went back from {pos} to {latest[tp]} "
-                        "(topic recreated or truncated?); some data may have been missed"
-                    )
-                log.warning("%s[%d]: offset went back from %d to %d, continuing there", *tp, pos, latest[tp])
-                effective_start[tp] = until[tp] = latest[tp]
-                continue
-            effective_start[tp] = pos
-            until[tp] = latest[tp]
-        for tp, pos in begin.items():
-            if tp not in earliest:  # partition vanished (topic deleted?): keep its position
-                log.warning("%s source: partition %s[%d] is gone from Kafka", SOURCE_NAME, *tp)
-                until[tp] = pos
-
-        if guard is not None:
-            for tp in effective_start:
-                cap = guard.caps.get(tp[0], {}).get(tp[1])
-                if cap is not None:
-                    until[tp] = max(effective_start[tp], min(until[tp], cap))
-        if isinstance(limit, ReadMaxRows):
-            until = rate_limit(effective_start, until, limit.max_rows)
+        until = plan_batch_end(
+            from_offset_json(start),
+            earliest,
+            latest,
+            fail_on_data_loss=self.settings.fail_on_data_loss,
+            caps=guard.caps if guard is not None else None,
+            max_rows=batch_row_limit(limit, self.settings.max_offsets_per_trigger),
+        )
         # Under failOnDataLoss=false the batch's start stays below earliest in Spark's offsets;
         # read() skips forward to earliest itself. Returning `start` itself when nothing moved keeps
         # Spark from planning an empty batch.
@@ -416,11 +234,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _read_guard(self) -> Any:
         """Relay's ledger guard (stop flag and per-partition caps), or None when not configured."""
-        if self.settings.ledger_url is None or self.settings.instance_id is None:
+        if self.settings.ledger_url_env is None or self.settings.instance_id is None:
             return None
         from relay.source_guard import read_source_guard
 
-        return read_source_guard(self.settings.ledger_url, self.settings.instance_id)
+        url = ledger_url_from_env(self.settings.ledger_url_env)
+        return read_source_guard(url, self.settings.instance_id)
 
     def reportLatestOffset(self) -> OffsetJson | None:
         """Broker end offsets of every partition, for the query's progress (lag) only."""
@@ -573,5 +392,6 @@ def register(spark: Any) -> None:
     """
     from pyspark import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    for module in (kafka_offsets_plan, kafka_source_options, sys.modules[__name__]):
+        cloudpickle.register_pickle_by_value(module)  # its helper modules too: same reason
     spark.dataSource.register(KafkaDataSource)

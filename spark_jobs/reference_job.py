@@ -11,18 +11,26 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source beside this file
 
 from relay.checkpoint import planned_offsets  # noqa: E402
-from relay.errors import ConfigError, DataLossError, RelayError, ZombieAttemptError  # noqa: E402
+from relay.errors import (  # noqa: E402
+    ConfigError,
+    DataLossError,
+    LedgerUnavailableError,
+    RelayError,
+    ZombieAttemptError,
+)
 from relay.kafka_offsets import KafkaOffsets  # noqa: E402
 from relay.ledger.models import AttemptState, InstanceState  # noqa: E402
-from relay.ledger.store import Ledger  # noqa: E402
+from relay.ledger.store import DRIVER_ALIVE_S, Ledger  # noqa: E402
 from relay.protocol import Record, commit_batch  # noqa: E402
 from relay.reference_sink import ReferenceSink  # noqa: E402
 
@@ -30,6 +38,9 @@ log = logging.getLogger("relay.job")
 
 EXIT_OK = 0
 EXIT_RETRY = 1  # transient: let the master relaunch
+LAUNCH_TOKEN_ENV = "RELAY_LAUNCH_TOKEN"  # set by relay.launcher in the submission's environment
+LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # likewise: the URL may hold a password, never on the command line
+_DRIVER_DIR = re.compile(r"^driver-\d+-\d+$")
 CRASH_LOOP_ATTEMPTS = 5
 CRASH_LOOP_WINDOW_S = 300.0
 
@@ -41,7 +52,6 @@ class _ArgParser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _ArgParser(description=__doc__)
-    p.add_argument("--ledger-url", required=True)
     p.add_argument("--instance-id", required=True, type=int)
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)
@@ -56,6 +66,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def ledger_url_from_env() -> str:
+    """The ledger URL from the environment Relay gave the submission (argv shows in ``ps``)."""
+    url = os.environ.get(LEDGER_URL_ENV, "").strip()
+    if not url:
+        raise ConfigError(
+            f"{LEDGER_URL_ENV} is not set: Relay passes the ledger URL in the driver's environment"
+        )
+    return url
+
+
 def code_version() -> tuple[str | None, bool]:
     """The version frozen into the artifact this driver runs from (None when run from the source tree)."""
     try:
@@ -65,14 +85,32 @@ def code_version() -> tuple[str | None, bool]:
     return relay_job_version.VERSION, bool(relay_job_version.FAIL_AT_START)
 
 
+def own_driver_id() -> str | None:
+    """The Spark driver id this process runs as: a standalone worker starts each driver in
+    ``<work dir>/<driver id>``, the same folder across supervised relaunches."""
+    name = Path.cwd().name
+    return name if _DRIVER_DIR.match(name) else None
+
+
 def no_retry_exit(args: argparse.Namespace | None, local_code: int) -> int:
     return EXIT_OK if (args is None or args.supervised) else local_code
 
 
 def crash_loop(ledger: Ledger, instance_id: int) -> bool:
-    """Too many attempts in a short window: stop relaunching and say so."""
-    recent = [a for a in ledger.attempts(instance_id) if a.started_at > time.time() - CRASH_LOOP_WINDOW_S]
-    return len(recent) >= CRASH_LOOP_ATTEMPTS
+    """Too many attempts in a short window that committed nothing: stop relaunching and say so.
+
+    Attempts that made progress are not a loop: a driver killed now and then (a lost worker, an
+    operator) must keep coming back however often it happens.
+    """
+    since = time.time() - CRASH_LOOP_WINDOW_S
+    productive = ledger.productive_attempts(instance_id)
+    recent = [a for a in ledger.attempts(instance_id) if a.started_at > since]
+    stuck = 0
+    for attempt in reversed(recent):  # the latest run of attempts without a committed batch
+        if attempt.id in productive:
+            break
+        stuck += 1
+    return stuck >= CRASH_LOOP_ATTEMPTS
 
 
 def check_data_loss(ledger: Ledger, instance_id: int, bootstrap: str) -> None:
@@ -115,7 +153,7 @@ class Driver:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.ledger = Ledger(args.ledger_url)
+        self.ledger = Ledger(ledger_url_from_env())
         self.instance = self.ledger.instance(args.instance_id)
         self.sink = ReferenceSink(self.instance.version)
         self.attempt = None
@@ -123,33 +161,27 @@ class Driver:
         self.stop_signal = False
 
     def run(self) -> int:
+        """Exit 0 only for what a relaunch cannot fix (supervision relaunches every other exit)."""
         args, ledger, inst = self.args, self.ledger, self.instance
-        if crash_loop(ledger, inst.id):
-            reason = (
-                f"crash loop: {CRASH_LOOP_ATTEMPTS} attempts in {CRASH_LOOP_WINDOW_S:.0f}s; not relaunching"
+        try:
+            # The launch token first: a copy Relay did not submit must change nothing, not even
+            # mark the instance FAILED through the checks below.
+            predecessors = self._live_predecessors()
+            self.attempt = attempt = ledger.start_attempt(
+                inst.id, os.environ.get(LAUNCH_TOKEN_ENV), own_driver_id(), wait_s=2 * DRIVER_ALIVE_S
             )
-            ledger.set_instance(inst.id, state=InstanceState.FAILED, error=reason)
-            log.error(reason)
-            return no_retry_exit(args, 5)
-        version, fail_at_start = code_version()
-        if version is not None and version != inst.version:
-            reason = f"this driver's code is version {version} but instance {inst.id} is {inst.version}"
-            ledger.set_instance(inst.id, state=InstanceState.FAILED, error=reason)
-            log.error(reason)
-            return no_retry_exit(args, 2)
-        self.attempt = attempt = ledger.start_attempt(inst.id)
+            self._start_heartbeat()
+        except ZombieAttemptError as exc:  # refused copy, or an instance fenced/stopped meanwhile
+            log.error("not starting: %s", exc)
+            return no_retry_exit(args, 4)
+        except RelayError as exc:  # ledger unreachable or locked: a relaunch may succeed
+            log.error("cannot start an attempt (will be relaunched): %s", exc)
+            return EXIT_RETRY
         log.info(
             "instance %s attempt %s epoch %s (version %s)", inst.id, attempt.id, attempt.epoch, inst.version
         )
         try:
-            if fail_at_start:
-                raise RuntimeError(f"version {version} was built to fail at start-up (build --fail-at-start)")
-            check_data_loss(ledger, inst.id, args.bootstrap)
-            self._wait_for_predecessors()
-            spark = build_session(args, inst.app_name)
-            ledger.set_attempt_app(attempt.id, spark.sparkContext.applicationId)
-            query = self._start_query(spark)
-            return self._supervise(query)
+            return self._run_attempt(predecessors)
         except ZombieAttemptError as exc:
             return self._end(AttemptState.FENCED, str(exc), no_retry_exit(args, 4))
         except DataLossError as exc:
@@ -158,33 +190,77 @@ class Driver:
         except Exception as exc:  # noqa: BLE001 - classify below, never swallow
             if self.zombie is not None:
                 return self._end(AttemptState.FENCED, str(self.zombie), no_retry_exit(args, 4))
-            try:
-                check_data_loss(ledger, inst.id, args.bootstrap)
-            except DataLossError as loss:
-                ledger.set_instance(inst.id, state=InstanceState.FAILED, error=str(loss))
-                return self._end(AttemptState.FAILED, str(loss), no_retry_exit(args, 3))
+            if not isinstance(exc, LedgerUnavailableError):
+                try:
+                    check_data_loss(ledger, inst.id, args.bootstrap)
+                except DataLossError as loss:
+                    ledger.set_instance(inst.id, state=InstanceState.FAILED, error=str(loss))
+                    return self._end(AttemptState.FAILED, str(loss), no_retry_exit(args, 3))
+                except RelayError:
+                    pass  # the broker or the ledger is away: the relaunch will tell
             log.exception("attempt %s failed", attempt.id)
             return self._end(AttemptState.CRASHED, f"{type(exc).__name__}: {exc}"[:4000], EXIT_RETRY)
 
+    def _run_attempt(self, predecessors: list[int]) -> int:
+        args, ledger, inst = self.args, self.ledger, self.instance
+        if crash_loop(ledger, inst.id):
+            reason = (
+                f"crash loop: {CRASH_LOOP_ATTEMPTS} attempts in {CRASH_LOOP_WINDOW_S:.0f}s; not relaunching"
+            )
+            ledger.set_instance(inst.id, state=InstanceState.FAILED, error=reason)
+            return self._end(AttemptState.FAILED, reason, no_retry_exit(args, 5))
+        version, fail_at_start = code_version()
+        if version is not None and version != inst.version:
+            reason = f"this driver's code is version {version} but instance {inst.id} is {inst.version}"
+            ledger.set_instance(inst.id, state=InstanceState.FAILED, error=reason)
+            return self._end(AttemptState.FAILED, reason, no_retry_exit(args, 2))
+        if fail_at_start:
+            raise RuntimeError(f"version {version} was built to fail at start-up (build --fail-at-start)")
+        check_data_loss(ledger, inst.id, args.bootstrap)
+        self._wait_for_predecessors(predecessors)
+        spark = build_session(args, inst.app_name)
+        ledger.set_attempt_app(self.attempt.id, spark.sparkContext.applicationId)
+        query = self._start_query(spark)
+        return self._supervise(query)
+
     def _end(self, state: AttemptState, error: str | None, code: int) -> int:
-        if self.attempt is not None:
-            self.ledger.end_attempt(self.attempt.id, state, error)
         if error:
             log.error("attempt ends %s: %s", state.value, error)
+        if self.attempt is not None:
+            try:
+                self.ledger.end_attempt(self.attempt.id, state, error)
+            except RelayError as exc:  # the ledger is away: the next attempt supersedes this one
+                log.error("could not record the end of attempt %s: %s", self.attempt.id, exc)
         return code
 
-    def _wait_for_predecessors(self, timeout_s: float = 30.0) -> None:
-        """Give a live older attempt the time to notice it is fenced, so two never share the checkpoint."""
+    def _start_heartbeat(self, every_s: float = 3.0) -> None:
+        """Heartbeat from the attempt's first second (session start-up takes 10-30 s): a copy of the
+        submission is told from a relaunch by whether this driver is alive."""
+
+        def beat() -> None:
+            while True:
+                time.sleep(every_s)
+                try:
+                    self.ledger.heartbeat(self.attempt.id)
+                except RelayError as exc:
+                    log.warning("heartbeat failed: %s", exc)
+
+        threading.Thread(target=beat, name="relay-heartbeat", daemon=True).start()
+
+    def _live_predecessors(self) -> list[int]:
+        """Attempts of this instance that still heartbeat: the new attempt fences them."""
+        return [
+            a.id
+            for a in self.ledger.attempts(self.instance.id)
+            if a.state is AttemptState.RUNNING and a.heartbeat_at > time.time() - 10
+        ]
+
+    def _wait_for_predecessors(self, ids: list[int], timeout_s: float = 30.0) -> None:
+        """Give a fenced older attempt the time to notice and end, so two never share the checkpoint."""
         deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            alive = [
-                a
-                for a in self.ledger.attempts(self.instance.id)
-                if a.state is AttemptState.RUNNING
-                and a.id != self.attempt.id
-                and a.heartbeat_at > time.time() - 10
-            ]
-            if not alive:
+        while ids and time.time() < deadline:
+            by_id = {a.id: a for a in self.ledger.attempts(self.instance.id)}
+            if all(by_id[i].ended_at is not None or by_id[i].heartbeat_at < time.time() - 10 for i in ids):
                 return
             time.sleep(0.5)
 
@@ -200,7 +276,7 @@ class Driver:
             .option("startingOffsets", json.dumps(starting_offsets(self.ledger, inst.id)))
             .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
             .option("failOnDataLoss", "true")
-            .option("relay.ledgerUrl", args.ledger_url)
+            .option("relay.ledgerUrlEnv", LEDGER_URL_ENV)  # the name of the variable, not the URL
             .option("relay.instanceId", str(inst.id))
             .load()
         )
@@ -285,12 +361,16 @@ class Driver:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = None
+    supervised = "--supervised" in (sys.argv[1:] if argv is None else argv)
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         driver = Driver(args)
-    except (ConfigError, RelayError) as exc:
+    except LedgerUnavailableError as exc:  # transient: the relaunch may find the ledger back
+        log.error("cannot start (will be relaunched): %s", exc)
+        return EXIT_RETRY
+    except RelayError as exc:  # bad arguments, no such instance: a relaunch cannot fix it
         log.error("cannot start: %s", exc)
-        return no_retry_exit(args, 2) if args is not None else (EXIT_OK if "--supervised" in sys.argv else 2)
+        return EXIT_OK if supervised else 2
     signal.signal(signal.SIGTERM, lambda *_: setattr(driver, "stop_signal", True))
     code = driver.run()
     log.info("exit %s", code)

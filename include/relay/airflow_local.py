@@ -32,6 +32,7 @@ import requests
 
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import StackError
+from relay.secret_files import ensure_user_password, write_private
 from relay.stack import pid_alive, port_taken, rss_mb, session_pids
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,18 @@ def _secrets(home: Path) -> dict[str, str]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         pass
-    home.mkdir(parents=True, exist_ok=True)
     values = {"jwt_secret": secrets.token_urlsafe(32), "secret_key": secrets.token_urlsafe(32)}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(values))
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    write_private(path, json.dumps(values))
     return values
+
+
+def ensure_admin_password(config: RelayConfig) -> None:
+    """Write the admin's password (0600) before any Airflow process reads the file.
+
+    Why: SimpleAuthManager generates a password for a user missing from the file and prints it,
+    into the api-server's log. With the user already there it generates and prints nothing.
+    """
+    ensure_user_password(passwords_file(config), ADMIN_USER)
 
 
 def config_env(config: RelayConfig) -> dict[str, str]:
@@ -111,31 +117,39 @@ def config_env(config: RelayConfig) -> dict[str, str]:
         "RELAY_TRIGGER_SECONDS": str(config.trigger_seconds),
         "RELAY_MAX_OFFSETS_PER_TRIGGER": str(config.max_offsets_per_trigger),
         "RELAY_HOST": config.host,
+        "RELAY_SPARK_REST_SECRET_FILE": str(config.spark_rest_secret_path),  # a path, not the key
     }
 
 
 def connection_env(config: RelayConfig) -> dict[str, str]:
     """The three Relay connections as ``AIRFLOW_CONN_*`` (JSON form), built from ``config``.
 
-    Spark: host/port of the master UI (``/json/``), extras ``rest_url`` and ``master_url``.
+    Spark: host/port of the master UI (``/json/``), extras ``rest_url``, ``master_url`` and
+    ``rest_secret_file`` (the REST server's signing key file; a deployment may put the key in the
+    connection's password instead).
     Kafka: extra ``bootstrap.servers`` (the key Airflow's Kafka provider uses).
     Ledger: extra ``url``, the SQLAlchemy URL of the ledger.
-    Spark submit (the provider's ``spark`` type, for ``relay_airflow.provider_submit``): the REST port.
+    Spark submit (the provider's ``spark`` type, for ``relay_airflow.provider_submit``): the master's
+    RPC port (the legacy gateway: spark-submit cannot sign requests to the REST server).
     """
     ui = requests.utils.urlparse(config.spark_master_ui_url)
     spark = {
         "conn_type": "relay_spark",
         "host": ui.hostname,
         "port": ui.port,
-        "extra": {"rest_url": config.spark_rest_url, "master_url": config.spark_master_url},
+        "extra": {
+            "rest_url": config.spark_rest_url,
+            "master_url": config.spark_master_url,
+            "rest_secret_file": str(config.spark_rest_secret_path),
+        },
     }
     kafka = {"conn_type": "relay_kafka", "extra": {"bootstrap.servers": config.kafka_bootstrap}}
     ledger = {"conn_type": "relay_ledger", "extra": {"url": config.ledger_url}}
-    rest = requests.utils.urlparse(config.spark_rest_url)
+    master = requests.utils.urlparse(config.spark_master_url)
     submit = {
         "conn_type": "spark",
-        "host": f"spark://{rest.hostname}",
-        "port": rest.port,
+        "host": f"spark://{master.hostname}",
+        "port": master.port,
         "extra": {"deploy-mode": "cluster", "spark-binary": "spark-submit"},
     }
     return {
@@ -154,6 +168,7 @@ def airflow_env(config: RelayConfig, base: Mapping[str, str] | None = None) -> d
     """
     home = airflow_home(config)
     keys = _secrets(home)
+    ensure_admin_password(config)
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     env = {
         k: v

@@ -902,7 +902,7 @@ def _ledger_run(url: str, size: int, commits: int, warmup: int, tag: str) -> dic
     from relay.protocol import Record, commit_batch
     from relay.reference_sink import ReferenceSink
 
-    ledger = Ledger(url)
+    ledger = Ledger(url, create=True)  # a private ledger of the benchmark
     timer = PhaseTimer()
     timer.attach(ledger.engine)
     pipeline = f"ledger-{tag}-{size}-{time.time_ns() % 10**9}"
@@ -911,7 +911,7 @@ def _ledger_run(url: str, size: int, commits: int, warmup: int, tag: str) -> dic
         inst = ledger.create_instance(conn, pipeline, "bench", Color.BLUE, "", pipeline)
         for p in range(parts):
             ledger.open_lease(conn, inst, topic, p, 0)
-    attempt = ledger.start_attempt(inst.id)
+    attempt = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     sink = ReferenceSink("bench")
     pos = dict.fromkeys(range(parts), 0)
     counter = 0

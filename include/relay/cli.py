@@ -6,11 +6,20 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from datetime import UTC
 from typing import Any
 
 from relay.config import RelayConfig, load_config
 from relay.errors import RelayError
+from relay.inputs import (  # noqa: F401 - parse_* re-exported: callers imported them from here
+    OneLineErrorParser,
+    float_above,
+    handoff_arg,
+    int_at_least,
+    parse_partition_offsets,
+    parse_time_ms,
+    recover_inputs,
+    version_arg,
+)
 
 
 def _say(msg: str) -> None:
@@ -46,6 +55,16 @@ def cmd_airflow(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
     local = LocalAirflow(cfg, progress=_say)
     return {"up": local.start, "down": local.stop, "status": local.status}[a.action]()
+
+
+def cmd_ledger(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """``ledger init``: the explicit create (opening a ledger never creates one: a typo in
+    RELAY_LEDGER_URL must not start a new, empty ledger that a deploy would fill from scratch)."""
+    from relay.ledger import schema
+    from relay.ledger.engine import create_ledger, safe_url
+
+    created = create_ledger(cfg.ledger_url)
+    return {"ledger": safe_url(cfg.ledger_url), "created": created, "schema_version": schema.SCHEMA_VERSION}
 
 
 def cmd_produce(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -87,9 +106,10 @@ def cmd_offsets(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 def cmd_audit(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """Shallow: SQL counts over the ledger. --deep: also re-read Kafka (read_committed) to tell holes."""
     from relay.audit import audit
 
-    return audit(cfg).to_json()
+    return audit(cfg, deep=a.deep, progress=_say).to_json()
 
 
 def cmd_checkpoint(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -126,39 +146,15 @@ def cmd_upgrade(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     )
 
 
-def parse_time_ms(text: str) -> int:
-    """Milliseconds since the epoch, or an ISO 8601 time (UTC when no zone is given)."""
-    from datetime import datetime
-
-    if text.isdigit():
-        return int(text)
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise RelayError(f"time must be epoch milliseconds or ISO 8601, got {text!r}") from exc
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
-
-
-def parse_partition_offsets(text: str | None) -> dict[int, int] | None:
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-        return {int(p): int(o) for p, o in data.items()}
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise RelayError(f'offsets must be JSON like {{"0": 42, "1": 7}}, got {text!r}') from exc
-
-
 def cmd_recover(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.operations.recover import recover
 
+    checked = recover_inputs(a.strategy, a.time, a.offsets)  # refused here, before the ledger is opened
     return recover(
         cfg,
-        strategy=a.strategy,
-        timestamp_ms=parse_time_ms(a.time) if a.time else None,
-        offsets=parse_partition_offsets(a.offsets),
+        strategy=checked.strategy,
+        timestamp_ms=checked.timestamp_ms,
+        offsets=checked.offsets,
         dry_run=not a.execute,
         reason=a.reason,
         allow_reprocess=a.allow_reprocess,
@@ -167,7 +163,11 @@ def cmd_recover(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     )
 
 
+HEALTH_CRITICAL = "CRITICAL"
+
+
 def cmd_health(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """Run the checks once; the summary goes to stderr, the report to stdout, exit 2 when CRITICAL."""
     from relay.health import run_health
 
     report = run_health(cfg)
@@ -200,37 +200,47 @@ def cmd_bench(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return result if as_json else {"results_file": result["results_file"], "ok": result["ok"]}
 
 
+def cmd_chaos(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """Faults under load on a private stack (never the configured one); the table is the human output."""
+    from relay.chaos.plan import ChaosOptions
+    from relay.chaos.report import render_table
+    from relay.chaos.runner import run_chaos
+
+    options = ChaosOptions.build(
+        seconds=a.seconds,
+        minutes=a.minutes,
+        kinds=a.kinds,
+        seed=a.seed,
+        rate=a.rate,
+        postgres=a.postgres,
+        lock_seconds=a.lock_seconds,
+        per_kind=a.per_kind,
+    )
+    result = run_chaos(options, progress=_say, host=cfg.host)
+    as_json = getattr(a, "json", False)
+    if as_json:
+        print(json.dumps(result, indent=2, default=str), flush=True)
+    else:
+        print(render_table(result), flush=True)
+    if not result["ok"]:
+        raise RelayError(f"{result['verdict']}; see {result['results_file']}")
+    return {"results_file": result["results_file"], "ok": result["ok"]}
+
+
 def _human(name: str, result: Any) -> str:
     if name == "offsets":
         return _table(result, ["topic", "partition", "earliest", "latest", "cursor", "lag", "invalidated"])
     if name == "audit":
-        lines = [
-            _table(
-                [p | {"missing_ranges": p["missing_ranges"][:3]} for p in result["partitions"]],
-                [
-                    "partition",
-                    "earliest",
-                    "latest",
-                    "applied_once",
-                    "applied_twice_or_more",
-                    "dead_letters",
-                    "declared_lost",
-                    "missing",
-                    "missing_ranges",
-                ],
-            )
-        ]
-        lines.append(
-            f"count = {result['message_count']}, applied rows = {result['applied_rows']}: "
-            + ("OK, every offset applied exactly once or declared lost" if result["ok"] else "NOT OK")
-        )
-        return "\n".join(lines)
+        from relay.audit import render
+
+        return render(result)
     return json.dumps(result, indent=2, default=str)
 
 
 COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "stack": cmd_stack,
     "airflow": cmd_airflow,
+    "ledger": cmd_ledger,
     "produce": cmd_produce,
     "deploy": cmd_deploy,
     "stop": cmd_stop,
@@ -244,11 +254,12 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "health": cmd_health,
     "run-demo": cmd_run_demo,
     "bench": cmd_bench,
+    "chaos": cmd_chaos,
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="relay", description="Operate a Kafka -> Spark streaming pipeline.")
+    p = OneLineErrorParser(prog="relay", description="Operate a Kafka -> Spark streaming pipeline.")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     sub = p.add_subparsers(dest="command", required=True)
     st = sub.add_parser("stack", help="the embedded stack (broker, Spark master+worker, ledger)")
@@ -257,35 +268,55 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-airflow", action="store_true", help="without Airflow (Kafka, Spark, ledger only)")
     af = sub.add_parser("airflow", help="Airflow 3 of the embedded stack (api-server, scheduler, ...)")
     af.add_argument("action", choices=["up", "down", "status"])
+    lg = sub.add_parser("ledger", help="the ledger database (RELAY_LEDGER_URL)")
+    lg.add_argument("action", choices=["init"], help="init: create the ledger (or migrate an existing one)")
     pr = sub.add_parser("produce", help="send counter messages (the seeds' KafkaApp)")
-    pr.add_argument("--count", type=int, default=1000)
+    pr.add_argument("--count", type=int_at_least(0), default=1000, help="messages to send (default 1000)")
     pr.add_argument(
-        "--rate", type=float, default=None, help="messages per second (default: as fast as possible)"
+        "--rate", type=float_above(0), default=None, help="messages per second (default: as fast as possible)"
     )
-    pr.add_argument("--poison", type=int, default=0, help="also send N messages the job cannot parse")
+    pr.add_argument(
+        "--poison", type=int_at_least(0), default=0, help="also send N messages the job cannot parse"
+    )
     d = sub.add_parser("deploy", help="start the pipeline if nothing of it runs")
-    d.add_argument("--version", default="v1")
+    d.add_argument(
+        "--version",
+        type=version_arg,
+        help="default: the version the pipeline ran last (v1 on a first deploy)",
+    )
     d.add_argument("--local", action="store_true", help="run the driver as a local process (no cluster)")
     d.add_argument("--starting", choices=["earliest", "latest"], default="earliest")
-    d.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the first commit")
+    d.add_argument("--wait", type=float_above(0), default=300.0, help="seconds to wait for the first commit")
     s = sub.add_parser("stop", help="stop the pipeline gracefully")
-    s.add_argument("--timeout", type=float, default=120.0)
+    s.add_argument("--timeout", type=float_above(0), default=120.0, help="seconds per instance")
     s.add_argument("--local", action="store_true")
     sub.add_parser("status", help="instances, attempts, leases, cursors, lag")
     sub.add_parser("offsets", help="earliest/latest/cursor per partition")
-    sub.add_parser("audit", help="every offset applied exactly once, or declared lost?")
+    au = sub.add_parser(
+        "audit", help="every offset read applied exactly once, or declared lost? (exit 3 if not)"
+    )
+    au.add_argument(
+        "--deep",
+        action="store_true",
+        help="re-read Kafka (read_committed) and compare offset by offset: tells offsets without a record "
+        "(transaction markers, compaction) from missing records",
+    )
     c = sub.add_parser("checkpoint", help="inspect a Spark checkpoint")
     c.add_argument("action", choices=["inspect"])
     c.add_argument("path", nargs="?")
     b = sub.add_parser("build", help="freeze the current code as a job version (artifact)")
-    b.add_argument("--version", required=True)
+    b.add_argument("--version", type=version_arg, required=True)
     b.add_argument("--force", action="store_true", help="rebuild an existing version")
     b.add_argument("--fail-at-start", action="store_true", help="a deliberately broken version (tests)")
     u = sub.add_parser("upgrade", help="blue-green upgrade to another version (resumes one in progress)")
-    u.add_argument("--version", required=True)
-    u.add_argument("--handoff", default="latest", help='"latest" or JSON {"topic": {"0": 42}}')
-    u.add_argument("--grace", type=float, default=300.0, help="seconds for green's first commit")
-    u.add_argument("--drain-timeout", type=float, default=600.0, help="seconds for blue to reach the handoff")
+    u.add_argument("--version", type=version_arg, required=True)
+    u.add_argument(
+        "--handoff", type=handoff_arg, default="latest", help='"latest" or JSON {"topic": {"0": 42}}'
+    )
+    u.add_argument("--grace", type=float_above(0), default=300.0, help="seconds for green's first commit")
+    u.add_argument(
+        "--drain-timeout", type=float_above(0), default=600.0, help="seconds for blue to reach the handoff"
+    )
     u.add_argument("--local", action="store_true")
     r = sub.add_parser("recover", help="plan (default: dry run) or execute an offset-reset recovery")
     r.add_argument("--strategy", choices=["earliest", "latest", "timestamp", "offsets"], default="earliest")
@@ -295,16 +326,48 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reason", default="")
     r.add_argument("--allow-reprocess", action="store_true")
     r.add_argument("--local", action="store_true")
-    sub.add_parser("health", help="run the health checks once and persist the report")
+    sub.add_parser("health", help="run the health checks once, persist the report (exit 2 if CRITICAL)")
     dm = sub.add_parser("run-demo", help="produce, deploy through Airflow, audit (the README's run command)")
-    dm.add_argument("--count", type=int, default=2000)
+    dm.add_argument("--count", type=int_at_least(1), default=2000)
     bn = sub.add_parser("bench", help="benchmarks against baselines on a private stack (var/bench/)")
     bn.add_argument("--quick", action="store_true", help="small sizes (50,000 messages): a few minutes")
-    bn.add_argument("--messages", type=int, default=None, help="backlog for the throughput run")
+    bn.add_argument("--messages", type=int_at_least(1), default=None, help="backlog for the throughput run")
     bn.add_argument(
         "--only",
         default=None,
         help="comma-separated sections: throughput,overhead,ledger,upgrade,recovery,memory",
+    )
+    ch = sub.add_parser("chaos", help="kill stack parts at random under load, then deep audit (var/chaos/)")
+    length = ch.add_mutually_exclusive_group()
+    length.add_argument(
+        "--minutes", type=float_above(0), default=None, help="fault window (default: 10 minutes)"
+    )
+    length.add_argument("--seconds", type=float_above(0), default=None, help="fault window in seconds")
+    ch.add_argument(
+        "--kinds",
+        default=None,
+        help="comma-separated: driver,executor,worker,master,broker,scheduler,ledger-lock (or all); "
+        "default: all for a 10-minute run, all but scheduler for shorter ones",
+    )
+    ch.add_argument(
+        "--seed", type=int_at_least(0), default=None, help="seed of the fault schedule (default 1)"
+    )
+    ch.add_argument(
+        "--rate", type=float_above(0), default=None, help="messages per second produced (default 200)"
+    )
+    ch.add_argument("--postgres", action="store_true", help="PostgreSQL ledger instead of SQLite")
+    ch.add_argument(
+        "--lock-seconds",
+        type=float_above(0),
+        default=None,
+        help="how long each ledger lock is held (default 65 for a 10-minute run, past SQLite's 60 s busy "
+        "timeout; 15 for shorter runs)",
+    )
+    ch.add_argument(
+        "--per-kind",
+        type=int_at_least(1),
+        default=None,
+        help="faults of each kind (default 22, or 1 per 40 s)",
     )
     return p
 
@@ -323,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2, default=str) if args.json else _human(args.command, result))
     if args.command == "audit" and not result["ok"]:
         return 3
+    if args.command == "health" and result["status"] == HEALTH_CRITICAL:
+        return 2  # a cron job or a CI step alerts on the exit code, as the DAG's task fails
     return 0
 
 

@@ -54,13 +54,17 @@ class RelayConfig:
     spark_master_url: str = "spark://127.0.0.1:17077"
     spark_master_ui_url: str = "http://127.0.0.1:18080"
     spark_rest_url: str = "http://127.0.0.1:16066"
-    ledger_url: str = ""
+    ledger_url: str = field(default="", repr=False)  # may hold a password: never in a repr
     ports: Ports = field(default_factory=Ports)
     worker_cores: int = 4
     worker_memory: str = "3g"
     trigger_seconds: float = 1.0
     max_offsets_per_trigger: int = 20000
     host: str = "127.0.0.1"
+    spark_rest_secret_file: Path | None = None
+    """Key of the REST server's JWS filter; None = ``<data_dir>/secrets/spark-rest.key``."""
+    spark_rest_secret: str = field(default="", repr=False)
+    """The key itself (base64url), when it comes from a secret store (an Airflow connection)."""
 
     def __post_init__(self) -> None:
         if not self.ledger_url:
@@ -80,6 +84,15 @@ class RelayConfig:
     @property
     def logs_dir(self) -> Path:
         return self.data_dir / "logs"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.data_dir / "secrets"
+
+    @property
+    def spark_rest_secret_path(self) -> Path:
+        """Where the REST server's signing key is read from (and where ``stack up`` writes it)."""
+        return self.spark_rest_secret_file or self.secrets_dir / "spark-rest.key"
 
     def with_(self, **changes: object) -> RelayConfig:
         return replace(self, **changes)
@@ -121,4 +134,10 @@ def load_config(env: Mapping[str, str] | None = None) -> RelayConfig:
         trigger_seconds=trigger_seconds,
         max_offsets_per_trigger=_int(env, "RELAY_MAX_OFFSETS_PER_TRIGGER", 20000, 1),
         host=host,
+        spark_rest_secret_file=_path(env, "RELAY_SPARK_REST_SECRET_FILE"),
     )
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name)
+    return Path(raw).expanduser().resolve() if raw else None

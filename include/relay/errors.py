@@ -13,12 +13,24 @@ class LedgerError(RelayError):
     """The ledger refused an operation (schema, state or constraint)."""
 
 
+class LedgerUnavailableError(LedgerError):
+    """The ledger database could not be reached or was locked: a retry later may succeed."""
+
+
+class LedgerNotFoundError(LedgerError):
+    """The URL names no ledger: opening never creates one (only ``relay ledger init`` / ``stack up``)."""
+
+
 class ZombieAttemptError(LedgerError):
     """This attempt's epoch is no longer current, or its instance is fenced: it must not write."""
 
 
 class CursorConflictError(ZombieAttemptError):
     """A compare-and-set on a lease cursor lost: another attempt moved it."""
+
+
+class LaunchRefusedError(ZombieAttemptError):
+    """A driver that is not the submission Relay made for the instance tried to start an attempt."""
 
 
 class SourceGapError(LedgerError):

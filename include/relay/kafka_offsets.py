@@ -144,6 +144,62 @@ class KafkaOffsets:
             result[tp.partition] = None if hit is None or hit.offset is None or hit.offset < 0 else hit.offset
         return result
 
+    def record_timestamps(
+        self, topic: str, offsets: dict[int, int], wait_s: float | None = None
+    ) -> dict[int, int | None]:
+        """Timestamp (epoch ms) of the first record at or after ``offsets[p]``, per partition.
+
+        Why: the record at a consumer's cursor is the oldest one it has not applied, so its timestamp
+        tells how far behind in time the consumer is, with no rate extrapolated from offset history.
+        A dedicated consumer (no group, ``auto_offset_reset='none'``) reads at most one fetch per
+        partition and never moves the shared one; a partition whose offset is out of range (retention
+        removed it), past the end, without a timestamp (-1), or not fetched within ``wait_s`` (default
+        ``timeout_s``; only control records left, e.g. a transaction marker) maps to None.
+        """
+        result: dict[int, int | None] = {int(p): None for p in offsets}
+        wanted = {TopicPartition(topic, int(p)): int(off) for p, off in offsets.items() if off >= 0}
+        if not wanted:
+            return result
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="none",
+                request_timeout_ms=max(self._timeout_ms, 1000) + 500,
+                bootstrap_timeout_ms=self._timeout_ms,
+                client_id="relay-timestamps",
+            )
+        except Exception as exc:
+            raise self._fail("connect (timestamps)", topic, exc) from exc
+        try:
+            consumer.assign(list(wanted))
+            for tp, off in wanted.items():
+                consumer.seek(tp, off)
+            deadline = time.monotonic() + (self.timeout_s if wait_s is None else wait_s)
+            pending = set(wanted)
+            while pending and time.monotonic() < deadline:
+                try:
+                    fetched = consumer.poll(timeout_ms=200, max_records=500)
+                except kerrors.OffsetOutOfRangeError as exc:  # retention removed it: no timestamp
+                    named = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+                    for tp in (set(named) & pending) or set(pending):
+                        pending.discard(tp)
+                        consumer.pause(tp)
+                    continue
+                for tp, records in fetched.items():
+                    if tp in pending and records:
+                        ts = int(records[0].timestamp)
+                        result[tp.partition] = ts if ts >= 0 else None
+                        pending.discard(tp)
+                        consumer.pause(tp)
+        except Exception as exc:
+            raise self._fail("read record timestamps of", topic, exc) from exc
+        finally:
+            with contextlib.suppress(Exception):  # closing must never mask the caller's error
+                consumer.close()
+        return result
+
     def topic_config(self, topic: str) -> dict[str, str]:
         """Every config entry the broker reports for ``topic`` (e.g. ``retention.ms``)."""
         resource = ConfigResource(ConfigResourceType.TOPIC, topic)

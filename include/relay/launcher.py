@@ -13,14 +13,18 @@ import sys
 import time
 from dataclasses import dataclass
 
-from relay.artifacts import artifact, build_artifact
+from relay.artifacts import artifact, build_artifact, require_env_interface
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.errors import OperationError
+from relay.driver_logs import LaunchCounter, error_tail, explain_failure
+from relay.errors import OperationError, SparkError
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
+from relay.spark_auth import signer_for
 from relay.spark_rest import DriverState, SparkStandaloneClient, driver_environment, driver_properties
 
 LOCAL_PREFIX = "local-"
+LAUNCH_TOKEN_ENV = "RELAY_LAUNCH_TOKEN"  # the driver proves it is Relay's submission with this
+LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # the ledger URL (it may hold a password): never in argv
 
 
 def app_name(pipeline: str, instance_id: int) -> str:
@@ -33,15 +37,15 @@ def app_prefix(pipeline: str) -> str:
 
 
 def spark_client(config: RelayConfig) -> SparkStandaloneClient:
-    return SparkStandaloneClient(config.spark_master_ui_url, config.spark_rest_url)
+    """A client of the configured master that signs its REST requests with the configured key."""
+    return SparkStandaloneClient(config.spark_master_ui_url, config.spark_rest_url, signer=signer_for(config))
 
 
 def driver_args(
     config: RelayConfig, instance: Instance, supervised: bool, extra: list[str] | None = None
 ) -> list[str]:
+    """The driver's command line: nothing secret, since argv shows in ``ps`` and the worker's logs."""
     args = [
-        "--ledger-url",
-        config.ledger_url,
         "--instance-id",
         str(instance.id),
         "--bootstrap",
@@ -58,6 +62,19 @@ def driver_args(
     return args + list(extra or [])
 
 
+def submission_environment(config: RelayConfig, code: str, token: str | None) -> dict[str, str]:
+    """The driver's environment: where secrets travel (the ledger URL, the launch token).
+
+    Cluster mode hands it to the REST server as ``environmentVariables`` (they reach the driver and
+    the planner process it starts, and show in no log or command line); local mode passes it to the
+    subprocess. Only the artifact's code on PYTHONPATH: the live tree must not shadow the version.
+    """
+    env = {**driver_environment(config), "PYTHONPATH": code, LEDGER_URL_ENV: config.ledger_url}
+    if token is not None:
+        env[LAUNCH_TOKEN_ENV] = token
+    return env
+
+
 def launch(
     config: RelayConfig,
     ledger: Ledger,
@@ -72,9 +89,11 @@ def launch(
     art = artifact(config, instance.version)
     if not art.exists():
         build_artifact(config, instance.version)
+    require_env_interface(art)
     job, code = str(art.job_file), str(art.zip_file)
-    # Only the artifact on the path: the project's live code must not shadow the frozen version.
-    env_vars = {**driver_environment(config), "PYTHONPATH": code}
+    # Secrets (launch token, ledger URL) go in the environment: argv and Spark properties show up in
+    # `ps` and logs.
+    env_vars = submission_environment(config, code, ledger.issue_launch_token(instance.id))
     if local:
         config.logs_dir.mkdir(parents=True, exist_ok=True)
         log = open(config.logs_dir / f"{instance.app_name}.log", "ab")  # noqa: SIM115 - owned by the child
@@ -162,11 +181,15 @@ def wait_until_active(
 ) -> FirstCommit:
     """Wait until the instance committed its first batch (or idles with nothing to read).
 
-    Raises OperationError as soon as the driver failed (no need to wait for the timeout).
+    Raises OperationError as soon as the driver failed (no need to wait for the timeout), with the
+    driver's own last output in the message: a driver that dies before it takes an attempt (an
+    ImportError) leaves nothing in the ledger, and under supervision it is relaunched forever while
+    the master still says RUNNING, so its launch count on the worker is the only early sign.
     """
     t0 = time.time()
     deadline = t0 + timeout_s
     last_note = 0.0
+    watch: _StartWatch | None = None
     while True:
         inst = ledger.instance(instance_id)
         if inst.state in (InstanceState.ACTIVE, InstanceState.DRAINING):
@@ -182,9 +205,19 @@ def wait_until_active(
                 f"instance {instance_id}: attempt {failed[-1].id} {failed[-1].state.value}: "
                 f"{failed[-1].error}"
             )
+        if watch is None or watch.submission != inst.submission_id:
+            watch = _StartWatch(config, inst.submission_id)
+        crash = watch.check()
+        if crash and not any(le.next_offset > le.start_offset for le in ledger.leases(instance_id)):
+            raise OperationError(
+                f"instance {instance_id}: {crash}; the driver's last output:\n{driver_output(config, inst)}"
+            )
         if time.time() - t0 > 3 and not driver_running(config, inst.submission_id):
-            why = attempts[-1].error if attempts else "it exited before taking an attempt (see its log)"
-            raise OperationError(f"instance {instance_id}: driver {inst.submission_id} is not running: {why}")
+            why = attempts[-1].error if attempts else "it exited before taking an attempt"
+            raise OperationError(
+                f"instance {instance_id}: driver {inst.submission_id} is not running: {why}; "
+                f"the driver's last output:\n{driver_output(config, inst)}"
+            )
         if time.time() > deadline:
             raise OperationError(
                 f"instance {instance_id} made no first commit within {timeout_s:.0f}s "
@@ -197,3 +230,82 @@ def wait_until_active(
             )
             last_note = time.time()
         time.sleep(0.5)
+
+
+START_CHECK_EVERY_S = 3.0
+OUTPUT_LINES = 20
+OUTPUT_BYTES = 32768
+STOPPED_STATES = (DriverState.FAILED, DriverState.ERROR, DriverState.KILLED, DriverState.FINISHED)
+
+
+class _StartWatch:
+    """Spots a cluster-mode driver that cannot start, long before the wait for its first commit ends.
+
+    Supervision relaunches a driver that dies at start forever (with back-off) and the master keeps
+    it RUNNING; the worker appends a launch header to the driver's stderr at every launch. Checked at
+    most every START_CHECK_EVERY_S, reading one /json/ and only the new bytes of stderr, so a healthy
+    start costs two small local HTTP requests every few seconds. Local drivers have no supervisor:
+    their exit is seen by driver_running().
+    """
+
+    def __init__(self, config: RelayConfig, submission: str | None) -> None:
+        self.config = config
+        self.submission = submission
+        cluster = submission is not None and _local_pid(submission) is None
+        self._launches = LaunchCounter(submission) if cluster and submission else None
+        self._next_check = time.monotonic() + START_CHECK_EVERY_S
+
+    def check(self) -> str | None:
+        """Why the driver cannot start (its state, or its relaunches), or None while it may still."""
+        if self._launches is None or time.monotonic() < self._next_check:
+            return None
+        self._next_check = time.monotonic() + START_CHECK_EVERY_S
+        client = spark_client(self.config)
+        try:
+            state = client.master_state()
+            driver = state.driver(self._launches.driver_id)
+            if driver is None:
+                return None  # not listed (yet): nothing to judge
+            if driver.state in STOPPED_STATES:
+                return f"driver {driver.id} is {driver.state.value} before its first commit"
+            launches = self._launches.update(client.worker_logs(driver.id, state))
+        except SparkError:
+            return None  # best effort: the timeout still bounds the wait
+        finally:
+            client.close()
+        if launches >= 2:
+            return (
+                f"driver {driver.id} was launched {launches} times without a first commit "
+                "(it dies at start and supervision relaunches it)"
+            )
+        return None
+
+
+def driver_output(config: RelayConfig, instance: Instance) -> str:
+    """The last meaningful lines the instance's driver printed (its traceback), for error messages.
+
+    Cluster mode reads the worker's copy (Python's output is in the driver's stdout log, the JVM's in
+    stderr); local mode reads the log file launch() writes.
+    """
+    submission = instance.submission_id or ""
+    try:
+        if _local_pid(submission) is not None:
+            path = config.logs_dir / f"{instance.app_name}.log"
+            with path.open("rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(size - OUTPUT_BYTES, 0))
+                text = log.read().decode("utf-8", errors="replace")
+            found = error_tail(text, OUTPUT_LINES, cut_first_line=size > OUTPUT_BYTES)
+        elif submission:
+            client = spark_client(config)
+            try:
+                out = client.driver_log_tail(submission, OUTPUT_BYTES, "stdout")
+                err = client.driver_log_tail(submission, OUTPUT_BYTES, "stderr")
+            finally:
+                client.close()
+            found = explain_failure(out, err, OUTPUT_LINES)
+        else:
+            found = ""
+    except (OSError, SparkError) as exc:
+        return f"(driver log unavailable: {exc})"
+    return found or "(the driver printed nothing)"

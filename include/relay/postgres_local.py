@@ -9,9 +9,11 @@ data dir (never /tmp).
 from __future__ import annotations
 
 import glob
+import grp
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +25,45 @@ from relay.ports import port_taken
 DATABASE = "relay"
 USER = "relay"
 PASSWORD = "relay"  # a loopback-only throwaway cluster, not a secret
+
+
+def _postgres_gid() -> int | None:
+    try:
+        return grp.getgrnam("postgres").gr_gid
+    except KeyError:
+        return None
+
+
+def restrict_dir(path: Path) -> None:
+    """Make ``path`` 0700, keeping only the ``postgres`` group's traverse bit if it was granted.
+
+    Why the exception: as root, PostgreSQL runs as the ``postgres`` user, which must traverse the
+    data dir to reach its cluster; :func:`grant_postgres_traverse` gives exactly that (group
+    ``postgres``, ``--x``) instead of opening the folder to every user.
+    """
+    st = path.stat()
+    gid = _postgres_gid()
+    keep = st.st_mode & 0o010 if gid is not None and st.st_gid == gid else 0
+    mode = 0o700 | keep
+    if stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():  # only the owner may chmod
+        path.chmod(mode)
+
+
+def grant_postgres_traverse(folder: Path) -> None:
+    """Let the ``postgres`` user traverse ``folder`` and its ancestors (not list or read them).
+
+    Only folders that block it and that we own are changed: their group becomes ``postgres`` with
+    ``--x`` (others stay shut out), so a 0700 data dir becomes 0710, never world-traversable.
+    """
+    gid = _postgres_gid()
+    if gid is None:
+        return
+    for d in (folder, *folder.parents):
+        st = d.stat()
+        if st.st_mode & 0o001 or (st.st_gid == gid and st.st_mode & 0o010) or st.st_uid != os.geteuid():
+            continue
+        os.chown(d, -1, gid)
+        d.chmod((stat.S_IMODE(st.st_mode) & ~0o070) | 0o010)
 
 
 def find_bin_dir() -> Path:
@@ -93,10 +134,7 @@ class LocalPostgres:
         for d in (self.root, self.socket_dir, self.log_file.parent):
             d.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
-            # the postgres user must reach its folder: let others traverse (not list) the data dir
-            mode = self.data_dir.stat().st_mode
-            if not mode & 0o001:
-                self.data_dir.chmod(mode | 0o011)
+            grant_postgres_traverse(self.root.parent)
             for d in (self.root, self.socket_dir):
                 shutil.chown(d, "postgres", "postgres")
             if not self.log_file.exists():

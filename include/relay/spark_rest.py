@@ -18,7 +18,9 @@ from typing import Any
 import requests
 
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.driver_logs import DriverLogUnavailable, LaunchCounter, WorkerLogs
 from relay.errors import SparkError
+from relay.spark_auth import RestSigner, refusal
 
 PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
 
@@ -180,6 +182,10 @@ class MasterState:
     def alive(self) -> bool:
         return self.status == "ALIVE"
 
+    def driver(self, driver_id: str) -> SparkDriver | None:
+        """A driver by id, running or completed (a completed one still names its worker)."""
+        return next((d for d in [*self.active_drivers, *self.completed_drivers] if d.id == driver_id), None)
+
 
 def create_request(
     app_file: str,
@@ -220,22 +226,38 @@ def parse_status_response(body: dict[str, Any]) -> DriverState:
 
 
 class SparkStandaloneClient:
-    """Read the master's state and submit, poll and kill drivers through its REST server."""
+    """Read the master's state and submit, poll and kill drivers through its REST server.
 
-    def __init__(self, master_ui_url: str, rest_url: str, timeout_s: float = 10) -> None:
+    With a ``signer`` every REST submission request carries a fresh signed token (the master's JWS
+    filter answers 403 without one); the master's ``/json/`` view needs none.
+    """
+
+    def __init__(
+        self, master_ui_url: str, rest_url: str, timeout_s: float = 10, signer: RestSigner | None = None
+    ) -> None:
         self.master_ui_url = master_ui_url.rstrip("/")
         self.rest_url = rest_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.signer = signer
         self._session = requests.Session()
 
     def close(self) -> None:
         self._session.close()
 
-    def _request(self, method: str, url: str, what: str, **kwargs: Any) -> dict[str, Any]:
+    def _rest_headers(self) -> dict[str, str]:
+        return self.signer.headers() if self.signer is not None else {}
+
+    def _request(
+        self, method: str, url: str, what: str, signed: bool = False, **kwargs: Any
+    ) -> dict[str, Any]:
+        headers = self._rest_headers() if signed else {}
         try:
-            response = self._session.request(method, url, timeout=self.timeout_s, **kwargs)
+            response = self._session.request(method, url, timeout=self.timeout_s, headers=headers, **kwargs)
         except requests.RequestException as exc:
             raise SparkError(f"Spark at {url}: {what} failed: {type(exc).__name__}: {exc}") from exc
+        if response.status_code in (401, 403):
+            reason = refusal(response.reason or f"HTTP {response.status_code}", self.signer is not None)
+            raise SparkError(f"Spark at {url}: {what} refused: {reason}")
         try:
             body = response.json()
         except ValueError as exc:
@@ -271,26 +293,56 @@ class SparkStandaloneClient:
     ) -> str:
         """Start a cluster-mode Python driver; returns its submission (driver) id."""
         body = create_request(app_file, app_args, spark_properties, environment)
-        reply = self._request("POST", f"{self.rest_url}/v1/submissions/create", "submit driver", json=body)
+        reply = self._request(
+            "POST", f"{self.rest_url}/v1/submissions/create", "submit driver", signed=True, json=body
+        )
         return parse_create_response(reply)
 
     def driver_status(self, submission_id: str) -> DriverState:
         reply = self._request(
-            "GET", f"{self.rest_url}/v1/submissions/status/{submission_id}", f"status of {submission_id}"
+            "GET",
+            f"{self.rest_url}/v1/submissions/status/{submission_id}",
+            f"status of {submission_id}",
+            signed=True,
         )
         return parse_status_response(reply)
 
     def kill(self, submission_id: str) -> bool:
         """Ask the master to kill one driver; True when it accepted (not a graceful stop)."""
         reply = self._request(
-            "POST", f"{self.rest_url}/v1/submissions/kill/{submission_id}", f"kill {submission_id}"
+            "POST",
+            f"{self.rest_url}/v1/submissions/kill/{submission_id}",
+            f"kill {submission_id}",
+            signed=True,
         )
         return bool(reply.get("success"))
 
+    # -- driver logs, read from the worker that runs the driver (see relay.driver_logs) ----------
+
+    def worker_logs(self, driver_id: str, state: MasterState | None = None) -> WorkerLogs:
+        """The log reader of the worker that runs (or ran) ``driver_id``, found through the master."""
+        state = state or self.master_state()
+        driver = state.driver(driver_id)
+        worker = next((w for w in state.workers if driver and w.id == driver.worker), None)
+        if worker is None or not worker.webui:
+            raise DriverLogUnavailable(f"the master names no worker web UI for driver {driver_id}")
+        return WorkerLogs(self._session, worker.webui, self.timeout_s)
+
+    def driver_log_tail(self, driver_id: str, max_bytes: int = 32768, log_type: str = "stdout") -> str:
+        """The last ``max_bytes`` of a driver's log (stdout holds a Python driver's traceback)."""
+        text, cut = self.worker_logs(driver_id).tail(driver_id, log_type, max_bytes)
+        return text.split("\n", 1)[-1] if cut else text
+
+    def driver_launches(self, driver_id: str) -> int:
+        """How often the worker launched the driver (supervision relaunches each non-zero exit)."""
+        return LaunchCounter(driver_id).update(self.worker_logs(driver_id))
+
     def ready(self) -> bool:
-        """True when the REST submission server answers readyz."""
+        """True when the REST submission server answers readyz (to a signed request)."""
         try:
-            response = self._session.get(f"{self.rest_url}/v1/submissions/readyz", timeout=self.timeout_s)
+            response = self._session.get(
+                f"{self.rest_url}/v1/submissions/readyz", timeout=self.timeout_s, headers=self._rest_headers()
+            )
         except requests.RequestException:
             return False
         return response.status_code == 200
@@ -333,6 +385,7 @@ def driver_properties(
         "spark.executor.cores": "1",
         "spark.cores.max": "1",
         "spark.ui.port": "0",
+        "spark.ui.killEnabled": "false",  # Relay stops drivers through the ledger and REST, not the UI
         "spark.sql.shuffle.partitions": "2",
         "spark.driverEnv.SPARK_LOCAL_IP": config.host,
         "spark.driverEnv.PYTHONPATH": pythonpath,

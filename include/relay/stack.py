@@ -25,9 +25,12 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.errors import KafkaError, SparkError, StackError
 from relay.kafka_offsets import KafkaOffsets
+from relay.ledger.engine import safe_url
 from relay.ports import port_taken
 from relay.postgres_local import LocalPostgres
+from relay.spark_auth import signer_for
 from relay.spark_rest import SparkStandaloneClient
+from relay.stack_setup import REST_UNPROTECTED, ensure_ledger, master_properties_file, prepare_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +155,8 @@ class LocalStack:
         return pid_alive(pid)
 
     def _client(self, timeout_s: float = 3) -> SparkStandaloneClient:
-        return SparkStandaloneClient(self.config.spark_master_ui_url, self.config.spark_rest_url, timeout_s)
+        c = self.config
+        return SparkStandaloneClient(c.spark_master_ui_url, c.spark_rest_url, timeout_s, signer_for(c))
 
     def _postgres(self) -> LocalPostgres:
         return LocalPostgres(self.config.data_dir, self.config.ports.postgres, self.config.host)
@@ -202,10 +206,7 @@ class LocalStack:
         spark_class = str(spark_home() / "bin" / "spark-class")
         env = self._spark_env()
         if part is Part.SPARK_MASTER:
-            env["SPARK_MASTER_OPTS"] = (
-                f"-Dspark.master.rest.enabled=true -Dspark.master.rest.port={p.spark_rest} "
-                f"-Dspark.master.rest.host={c.host}"
-            )
+            env.pop("SPARK_MASTER_OPTS", None)  # every master setting is in the properties file
             cmd = [
                 spark_class,
                 "org.apache.spark.deploy.master.Master",
@@ -215,6 +216,8 @@ class LocalStack:
                 str(p.spark_master),
                 "--webui-port",
                 str(p.spark_master_ui),
+                "--properties-file",
+                str(master_properties_file(self.config)),
             ]
             return cmd, env
         if part is Part.SPARK_WORKER:
@@ -274,12 +277,19 @@ class LocalStack:
                 return True, f"{len(topics)} topic(s)"
             if part is Part.SPARK_MASTER:
                 client = self._client()
+                unsigned = SparkStandaloneClient(client.master_ui_url, client.rest_url, client.timeout_s)
                 try:
                     state = client.master_state()
                     rest = client.ready()
+                    open_rest = rest and unsigned.ready()
                 finally:
                     client.close()
-                detail = f"status {state.status}, REST {'ready' if rest else 'not ready'}"
+                    unsigned.close()
+                if open_rest:
+                    return False, REST_UNPROTECTED
+                detail = (
+                    f"status {state.status}, REST {'ready (signed requests only)' if rest else 'not ready'}"
+                )
                 return state.alive and rest, detail
             if part is Part.SPARK_WORKER:
                 client = self._client()
@@ -301,7 +311,7 @@ class LocalStack:
             if part is Part.POSTGRES:
                 pg = self._postgres()
                 ok = pg.healthy()
-                return ok, pg.url.replace(":relay@", ":***@") if ok else "not accepting connections"
+                return ok, safe_url(pg.url) if ok else "not accepting connections"
         except (KafkaError, SparkError, StackError) as exc:
             return False, str(exc)
         return False, "unknown part"
@@ -335,14 +345,17 @@ class LocalStack:
     def up(self, with_postgres: bool = False) -> dict[str, Any]:
         """Start what is not running, reuse what is healthy; return ``status()`` plus timings."""
         started = time.monotonic()
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.config.logs_dir.mkdir(parents=True, exist_ok=True)
+        prepare_data_dir(self.config, self.progress)
         timings: dict[str, float] = {}
         for part in self.parts(with_postgres):
             t0 = time.monotonic()
             self._up_one(part)
             timings[part.value] = round(time.monotonic() - t0, 2)
+        t0 = time.monotonic()
+        ledger = ensure_ledger(self.config, self.progress)
+        timings["ledger"] = round(time.monotonic() - t0, 2)
         result = self.status(with_postgres)
+        result["ledger"] = ledger
         result["seconds"] = round(time.monotonic() - started, 2)
         result["timings"] = timings
         self.progress(f"stack up in {result['seconds']}s")
@@ -358,6 +371,8 @@ class LocalStack:
             if pid is not None:
                 state[part.value] = {"pid": pid, "address": self._address(part), "started": time.time()}
                 self._save(state)
+        if part is Part.SPARK_MASTER and detail == REST_UNPROTECTED:
+            raise StackError(f"{part.value}: {detail}")
         if healthy and pid is not None and self._alive(pid):
             self.progress(f"{part.value}: already healthy at {self._address(part)} ({detail})")
             return

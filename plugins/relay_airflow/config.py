@@ -20,12 +20,18 @@ def relay_config_from_connections(base: RelayConfig | None = None) -> RelayConfi
     config = base or load_config()
     changes: dict[str, object] = {}
     try:
-        urls = SparkStandaloneHook().urls()
+        spark = SparkStandaloneHook()
+        urls = spark.urls()
         changes.update(
             spark_master_ui_url=urls["master_ui_url"],
             spark_rest_url=urls["rest_url"],
             spark_master_url=urls["master_url"],
         )
+        key, key_file = spark.rest_secret()
+        if key_file is not None:
+            changes["spark_rest_secret_file"] = key_file
+        elif key:
+            changes["spark_rest_secret"] = key  # from the connection's password (repr hides it)
     except AirflowNotFoundException:
         pass
     try:

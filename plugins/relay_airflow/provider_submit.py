@@ -7,11 +7,19 @@ What the provider's ``SparkSubmitHook`` can and cannot do here (read in its sour
 - ``spark-submit --deploy-mode cluster app.py`` is refused on standalone for Python; the provider
   passes the application through, so the trick is ``java_class=org.apache.spark.deploy.PythonRunner``
   with ``application`` = any jar of ``pyspark/jars`` and ``application_args=[app.py, "", args...]``.
-- ``env_vars`` raise in standalone cluster mode: the driver's environment goes in
-  ``spark.driverEnv.*`` properties, which :func:`relay.spark_rest.driver_properties` already sets.
-- With ``spark.master.rest.enabled=true`` and the connection's port = the REST port, spark-submit
-  uses the REST submission server; ``submit()`` returns the driver id and leaves the driver running
-  (``spark.standalone.submit.waitAppCompletion`` is false by default).
+- ``env_vars`` raise in standalone cluster mode, and ``spark.driverEnv.*`` properties show up in the
+  worker's log and the driver's command line: no place for the ledger URL (it may hold a password)
+  or the launch token.
+- spark-submit's REST client cannot sign its requests, and Relay's REST server requires a signed
+  token (JWS filter): through the REST port every submission is refused (403).
+
+So this path uses the legacy submission gateway (the connection's port = the master's RPC port,
+``spark.master.rest.enabled=false``): its client hands spark-submit's own environment to the driver,
+which is how the secrets travel here (a minimal environment, so nothing of Airflow's reaches the
+driver). ``submit()`` returns the driver id and leaves the driver running
+(``spark.standalone.submit.waitAppCompletion`` is false by default). Note the RPC port has no
+authentication of its own (Spark 4 refuses ``spark.authenticate`` with the REST server on): it must
+stay on a trusted network (the embedded stack binds 127.0.0.1).
 
 So it works, but it costs a JVM per submission and log scraping; the library's
 :class:`relay.spark_rest.SparkStandaloneClient` posts the same CreateSubmissionRequest directly. This
@@ -26,7 +34,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from relay.artifacts import artifact, build_artifact
 from relay.config import RelayConfig
 from relay.errors import SparkError
-from relay.launcher import driver_args
+from relay.launcher import driver_args, submission_environment
 from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
 from relay.spark_rest import PYTHON_RUNNER, driver_properties
@@ -63,7 +71,7 @@ def submit_with_provider(
         extra={"spark.driverEnv.PYTHONPATH": code, "spark.executorEnv.PYTHONPATH": code},
     )
     props.pop("spark.master")  # the connection decides the master URL
-    props["spark.master.rest.enabled"] = "true"
+    props["spark.master.rest.enabled"] = "false"  # the legacy gateway forwards the environment below
     args = [str(art.job_file), props["spark.submit.pyFiles"], *driver_args(config, instance, True)]
     hook = SparkSubmitHook(
         conf=props,
@@ -75,7 +83,11 @@ def submit_with_provider(
         spark_binary="spark-submit",
     )
     tmp = config.spark_dir / "tmp"
-    env = {**os.environ, "SPARK_LOCAL_IP": config.host, "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={tmp}"}
+    tmp.mkdir(parents=True, exist_ok=True)
+    # The driver inherits this whole environment: only what spark-submit and the driver need.
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "JAVA_HOME")}
+    env.update(submission_environment(config, code, ledger.issue_launch_token(instance.id)))
+    env.update(SPARK_SUBMIT_OPTS=f"-Djava.io.tmpdir={tmp}", TMPDIR=str(tmp))
     driver_id = hook.submit(carrier_jar(), env=env)
     if not driver_id:
         raise SparkError("spark-submit finished without reporting a driver id")

@@ -4,8 +4,10 @@ bounded tasks, retries only where safe."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
+import re
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -25,23 +27,59 @@ from airflow.dag_processing.dagbag import DagBag  # noqa: E402
 from airflow.sdk.definitions.param import ParamValidationError  # noqa: E402
 
 DAGS = PROJECT_ROOT / "dags"
-EXPECTED = {"relay_deploy", "relay_stop", "relay_health"}
+EXPECTED = {"relay_deploy", "relay_health", "relay_recover", "relay_stop", "relay_upgrade"}
+#: Retries per DAG: each DAG's doc says why (a new DAG fails the policy test until it has an entry).
+RETRIES = {"relay_deploy": 0, "relay_health": 1, "relay_recover": 0, "relay_stop": 0, "relay_upgrade": 1}
+#: The smallest conf a trigger may send, and the defaults that are policy (safe by default).
+VALID_CONF: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "relay_deploy": ({}, {"version": "", "starting": "earliest", "wait_seconds": 300}),
+    "relay_health": ({}, {}),
+    "relay_recover": ({}, {"strategy": "earliest", "dry_run": True, "allow_reprocess": False}),
+    "relay_stop": ({}, {"timeout_seconds": 120}),
+    "relay_upgrade": ({"version": "v2"}, {"version": "v2", "handoff": "latest"}),
+}
 BAD_CONF: dict[str, list[dict[str, Any]]] = {
     "relay_deploy": [
         {"starting": "middle"},
         {"wait_seconds": 5},
         {"wait_seconds": 99999},
-        {"version": ""},
         {"version": "v 1; rm"},
+        {"version": "-v1"},
+    ],
+    "relay_recover": [
+        {"strategy": "yesterday"},
+        {"time": "yesterday"},
+        {"offsets": {"0": -1}},
+        {"offsets": {"p0": 42}},
+        {"dry_run": "no"},
+        {"allow_reprocess": "yes"},
+        {"reason": "x" * 501},
     ],
     "relay_stop": [{"timeout_seconds": 0}, {"timeout_seconds": "soon"}],
+    "relay_upgrade": [
+        {},  # the target version is required
+        {"version": ""},
+        {"version": "v 2; rm"},
+        {"version": "v2", "grace_seconds": 5},
+        {"version": "v2", "drain_timeout_seconds": 99999},
+        {"version": "v2", "handoff": ""},
+        {"version": "v2", "handoff": "soon"},
+    ],
 }
-RETRIES = {"relay_deploy": 0, "relay_stop": 0, "relay_health": 1}
+
+
+@functools.cache
+def _load_dagbag() -> DagBag:
+    """Parsed once per session: it parametrizes the policy tests (one per DAG found) and serves them."""
+    return DagBag(str(DAGS))
 
 
 @pytest.fixture(scope="module")
 def dagbag() -> DagBag:
-    return DagBag(str(DAGS))
+    return _load_dagbag()
+
+
+DAG_IDS = sorted(_load_dagbag().dag_ids)
 
 
 def _with_conf(dag: Any, conf: dict[str, Any]) -> dict[str, Any]:
@@ -51,19 +89,35 @@ def _with_conf(dag: Any, conf: dict[str, Any]) -> dict[str, Any]:
     return params.validate()
 
 
-def test_dagbag_imports_every_dag_without_errors(dagbag: DagBag) -> None:
+def test_dagbag_holds_exactly_the_expected_dags_without_import_errors(dagbag: DagBag) -> None:
     assert dagbag.import_errors == {}
-    assert set(dagbag.dags) >= EXPECTED
+    assert set(dagbag.dag_ids) == EXPECTED
 
 
-def test_every_dag_has_tags_doc_and_bounded_tasks(dagbag: DagBag) -> None:
-    for dag_id in EXPECTED:
-        dag = dagbag.dags[dag_id]
-        assert "relay" in dag.tags, dag_id
-        assert dag.doc_md and "Retries" in dag.doc_md, dag_id
-        for t in dag.tasks:
-            assert t.execution_timeout is not None, f"{dag_id}.{t.task_id} may block forever"
-            assert t.retries == RETRIES[dag_id], f"{dag_id}.{t.task_id} retries"
+@pytest.mark.parametrize("dag_id", DAG_IDS)
+def test_dag_has_tags_doc_bounded_tasks_and_its_retry_policy(dagbag: DagBag, dag_id: str) -> None:
+    dag = dagbag.dags[dag_id]
+    assert "relay" in dag.tags
+    assert dag.doc_md and dag.doc_md.strip().startswith(f"### {dag_id}:"), "doc_md=__doc__ naming the DAG"
+    documented = re.search(r"\*\*Retries: (\d+)", dag.doc_md)
+    assert documented, "the doc says how many retries and why"
+    assert int(documented.group(1)) == RETRIES[dag_id], "doc and policy agree"
+    assert dag.catchup is False and dag.max_active_runs == 1, "runs never pile up nor overlap"
+    assert dag.tasks
+    for t in dag.tasks:
+        assert t.execution_timeout is not None, f"{t.task_id} may block forever"
+        assert t.retries == RETRIES[dag_id], f"{t.task_id} retries"
+
+
+@pytest.mark.parametrize("dag_id", DAG_IDS)
+def test_dag_params_accept_the_minimal_conf_and_refuse_bad_ones(dagbag: DagBag, dag_id: str) -> None:
+    dag = dagbag.dags[dag_id]
+    conf, policy = VALID_CONF[dag_id]
+    resolved = _with_conf(dag, conf)
+    assert set(resolved) == set(dag.params), "every param resolves"
+    assert {key: resolved[key] for key in policy} == policy
+    if dag.params:
+        assert BAD_CONF.get(dag_id), f"{dag_id} takes params: list confs it must refuse in BAD_CONF"
 
 
 def test_health_runs_every_five_minutes_without_catchup_or_overlap(dagbag: DagBag) -> None:
@@ -73,14 +127,9 @@ def test_health_runs_every_five_minutes_without_catchup_or_overlap(dagbag: DagBa
     assert all(t.execution_timeout.total_seconds() < 300 for t in dag.tasks)
 
 
-def test_default_params_are_valid(dagbag: DagBag) -> None:
-    assert _with_conf(dagbag.dags["relay_deploy"], {}) == {
-        "version": "v1",
-        "starting": "earliest",
-        "wait_seconds": 300,
-    }
-    assert _with_conf(dagbag.dags["relay_deploy"], {"starting": "latest", "wait_seconds": 1800})
-    assert _with_conf(dagbag.dags["relay_stop"], {"timeout_seconds": 30}) == {"timeout_seconds": 30}
+def test_deploy_accepts_a_later_start_position_and_a_longer_wait(dagbag: DagBag) -> None:
+    resolved = _with_conf(dagbag.dags["relay_deploy"], {"starting": "latest", "wait_seconds": 1800})
+    assert resolved["starting"] == "latest" and resolved["wait_seconds"] == 1800
 
 
 @pytest.mark.parametrize(("dag_id", "conf"), [(d, c) for d, confs in BAD_CONF.items() for c in confs])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
+from relay.ledger.engine import create_ledger
 from relay.postgres_local import LocalPostgres
 from relay.stack import LocalStack
 
@@ -67,6 +68,7 @@ def postgres_url() -> Iterator[str]:
     pg = LocalPostgres(data_dir, free_port())
     try:
         pg.start()
+        create_ledger(pg.url)  # opening never creates a ledger: the fixture does it explicitly
         yield pg.url
     finally:
         pg.stop()
@@ -85,4 +87,5 @@ def pipeline_config(stack: RelayConfig, backend: str, request: pytest.FixtureReq
         url = request.getfixturevalue("postgres_url")
     else:
         url = f"sqlite:///{stack.data_dir / (name + '.db')}"
+        create_ledger(url)
     return stack.with_(pipeline=name, topic=name, ledger_url=url, max_offsets_per_trigger=5000)

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 from relay.airflow_local import airflow_env
+from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_environment, spark_client
+from relay.launcher import driver_args, driver_environment, spark_client, submission_environment
 from relay.ledger.store import Ledger
 from relay.spark_rest import driver_properties
 
@@ -21,9 +22,30 @@ def start_rogue_app(cfg: RelayConfig, name: str, seconds: int = 300) -> str:
     client = spark_client(cfg)
     app = str(PROJECT_ROOT / "tests" / "integration" / "apps" / "rogue_app.py")
     props = driver_properties(cfg, name, supervise=False, py_files=[])
+    before = {a.id for a in client.apps_named(name)}
     sub = client.submit_python(app, [str(seconds)], props, driver_environment(cfg))
-    wait_for(f"rogue app {name} to be active", lambda: bool(client.apps_named(name)), timeout=120)
+    wait_for(
+        f"rogue app {name} to be active",
+        lambda: any(a.id not in before for a in client.apps_named(name)),
+        timeout=120,
+    )
     return sub
+
+
+def submit_copy(cfg: RelayConfig, ledger: Ledger, instance_id: int, token: str | None) -> str:
+    """What Relay submits for the instance (same artifact, arguments, properties), minus its token."""
+    inst = ledger.instance(instance_id)
+    art = artifact(cfg, inst.version)
+    code = str(art.zip_file)
+    props = driver_properties(
+        cfg,
+        inst.app_name,
+        supervise=True,
+        py_files=[code],
+        extra={"spark.driverEnv.PYTHONPATH": code, "spark.executorEnv.PYTHONPATH": code},
+    )
+    env = submission_environment(cfg, code, token)
+    return spark_client(cfg).submit_python(str(art.job_file), driver_args(cfg, inst, True), props, env)
 
 
 def caught_up(cfg: RelayConfig, ledger: Ledger) -> bool:

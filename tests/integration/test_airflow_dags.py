@@ -31,6 +31,8 @@ from relay.stack import session_pids
 from tests.conftest import free_port
 from tests.integration.helpers import run_dag_test
 
+pytestmark = pytest.mark.integration
+
 
 def _private(stack: RelayConfig, name: str) -> RelayConfig:
     """A pipeline and topic of this test only, so other tests sharing the stack are not disturbed."""
@@ -51,7 +53,7 @@ def dags_config(stack: RelayConfig) -> Iterator[RelayConfig]:
 
 def test_deploy_then_refuse_a_second_deploy_then_stop(dags_config: RelayConfig) -> None:
     config = dags_config
-    ledger = Ledger(config.ledger_url)
+    ledger = Ledger(config.ledger_url, create=True)
 
     state, output = run_dag_test(config, "relay_deploy", {"version": "v1", "wait_seconds": 240})
     assert state == "success", output[-4000:]
@@ -115,7 +117,7 @@ def test_provider_submit_hook_starts_a_cluster_driver(
     from relay_airflow.provider_submit import submit_with_provider
 
     config = _private(stack, "afprov")
-    ledger = Ledger(config.ledger_url)
+    ledger = Ledger(config.ledger_url, create=True)
     inst, _ = create_instance(config, ledger, "v1", Color.BLUE)
     try:
         driver = submit_with_provider(config, ledger, inst)

@@ -36,7 +36,7 @@ def python_driver_pid(ledger: Ledger, instance_id: int) -> tuple[int, int]:
 
 def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config: RelayConfig) -> None:
     cfg = pipeline_config
-    ledger = Ledger(cfg.ledger_url)
+    ledger = Ledger(cfg.ledger_url, create=True)
     produce(cfg.kafka_bootstrap, cfg.topic, 2000, None, poison=5, partitions=cfg.partitions)
     first = deploy(cfg, version="v1", wait_s=240)
     inst_id = first["instance_id"]
@@ -132,7 +132,7 @@ def test_second_attempt_fences_the_first_and_stop_is_clean_in_local_mode(
     pipeline_config: RelayConfig,
 ) -> None:
     cfg = pipeline_config
-    ledger = Ledger(cfg.ledger_url)
+    ledger = Ledger(cfg.ledger_url, create=True)
     produce(cfg.kafka_bootstrap, cfg.topic, 3000, None, partitions=cfg.partitions)
     info = deploy(cfg, version="v1", local=True, wait_s=240)
     inst = ledger.instance(info["instance_id"])
@@ -172,10 +172,13 @@ def test_driver_with_bad_arguments_is_not_relaunched(stack: RelayConfig) -> None
     client = spark_client(stack)
     job = str(stack.data_dir.parent.parent.parent / "spark_jobs" / "reference_job.py")
     props = driver_properties(stack, "relay-badargs-1", supervise=True, py_files=[])
+    before = client.master_state()
+    apps_before = {a.id for a in [*before.active_apps, *before.completed_apps]}
     sub = client.submit_python(
         job, ["--instance-id", "not-a-number", "--supervised"], props, driver_environment(stack)
     )
     wait_for("the driver to finish", lambda: client.driver_status(sub).is_final, timeout=120)
     assert client.driver_status(sub) is DriverState.FINISHED
-    completed = [a for a in client.master_state().completed_apps if a.name == "relay-badargs-1"]
-    assert len(completed) <= 1  # it never got as far as a second application
+    state = client.master_state()
+    new_apps = [a.name for a in [*state.active_apps, *state.completed_apps] if a.id not in apps_before]
+    assert new_apps == [], "the driver refused its arguments before it started a Spark application"

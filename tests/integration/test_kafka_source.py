@@ -7,11 +7,11 @@ restarts, bounded batches, a loud failure on data loss, new partitions picked up
 from __future__ import annotations
 
 import json
+import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
+import tempfile
 import types
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,26 +23,14 @@ import kafka_source as ks  # spark_jobs/ is on pytest's pythonpath (pytest.ini)
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from relay.config import PROJECT_ROOT
 from relay.errors import DataLossError
 
-TIMEOUT_S = 90.0
+from tests.conftest import free_port, wait_for
 
+pytestmark = pytest.mark.integration
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for(
-    what: str, check: Callable[[], bool], timeout: float = TIMEOUT_S, interval: float = 0.2
-) -> None:
-    """Poll ``check`` until true; fail naming ``what`` on timeout (no fixed sleeps as synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+TIMEOUT_S = 240.0  # a condition wait: generous because the machine is shared, never slept through
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
@@ -54,7 +42,7 @@ def broker_ks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import noida_db
 
     binary = Path(noida_db.__file__).parent / "noida-db"
-    port = _free_port()
+    port = free_port()
     data_dir = tmp_path_factory.mktemp("noida_ks")
     log_file = (data_dir / "broker.log").open("wb")
     proc = subprocess.Popen(
@@ -84,7 +72,7 @@ def broker_ks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except Exception:  # noqa: BLE001 - not up yet
                 return False
 
-        _wait_for("noida-db to accept connections", ready, timeout=30)
+        wait_for("noida-db to accept connections", ready, timeout=30)
         yield bootstrap
     finally:
         if proc.poll() is None:
@@ -105,11 +93,26 @@ def admin_ks(broker_ks: str) -> Iterator[KafkaAdminClient]:
 
 
 @pytest.fixture(scope="module")
-def spark_ks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A local[2] SparkSession whose scratch files all live in the test's tmp dir."""
+def work_ks() -> Iterator[Path]:
+    """Spark's scratch files and the checkpoints, under ``<project>/var/pytest/`` (never /tmp)."""
+    base = PROJECT_ROOT / "var" / "pytest"
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="kafka-source-", dir=base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def checkpoint(work_ks: Path) -> Path:
+    return work_ks / f"checkpoint-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def spark_ks(work_ks: Path) -> Iterator[Any]:
+    """A local[2] SparkSession whose scratch files all live in ``work_ks``."""
     from local_session import local_session
 
-    base = tmp_path_factory.mktemp("spark_ks")
+    base = work_ks / "spark"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(base / "tmp"))  # restored after the session (local_session sets it)
         mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
@@ -165,7 +168,16 @@ class _Sink:
         return sum(len(rows) for rows in self.batches.values())
 
 
-def _start(spark: Any, bootstrap: str, topic: str, checkpoint: Path, sink: _Sink, **options: str) -> Any:
+def _start(
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    checkpoint: Path,
+    sink: _Sink,
+    *,
+    trigger: dict[str, Any] | None = None,
+    **options: str,
+) -> Any:
     reader = (
         spark.readStream.format("relaykafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -175,7 +187,8 @@ def _start(spark: Any, bootstrap: str, topic: str, checkpoint: Path, sink: _Sink
     )
     for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()
+    writer = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    return (writer.trigger(**trigger) if trigger else writer).start()
 
 
 def _run_until(query: Any, what: str, check: Callable[[], bool]) -> None:
@@ -184,7 +197,7 @@ def _run_until(query: Any, what: str, check: Callable[[], bool]) -> None:
             raise AssertionError(f"query failed while waiting for {what}: {query.exception()}")
         return check()
 
-    _wait_for(what, done)
+    wait_for(what, done, timeout=TIMEOUT_S)
 
 
 def _stop_after_commit(query: Any, checkpoint: Path) -> None:
@@ -210,11 +223,33 @@ def _expected(first: dict[int, int], end: dict[int, int]) -> list[tuple[int, int
     return sorted((p, o) for p in end for o in range(first[p], end[p]))
 
 
+def _planned_sizes(checkpoint: Path, topic: str, initial: dict[int, int]) -> dict[int, int]:
+    """Offsets each batch spans, from the checkpoint: offsets/N minus offsets/N-1 (``initial`` for 0).
+
+    What bounds the rows a batch collects; read from Spark's own record of the plan, so it holds
+    for batches whose rows the test never saw (a query stopped, a replay).
+    """
+    planned = _checkpoint_offsets(checkpoint)
+    starts = [{str(p): o for p, o in initial.items()}] + [o[topic] for o in planned[:-1]]
+    return {
+        batch: sum(end - start.get(p, end) for p, end in offsets[topic].items())
+        for batch, (start, offsets) in enumerate(zip(starts, planned, strict=True))
+    }
+
+
+def _input_rows(query: Any) -> dict[int, int]:
+    """numInputRows per batch id from the query's progress (what the Spark UI and a listener show)."""
+    rows: dict[int, int] = {}
+    for progress in query.recentProgress:  # objects in pyspark 4.2, not dicts
+        rows[progress.batchId] = max(rows.get(progress.batchId, 0), progress.numInputRows)
+    return rows
+
+
 # -- end to end -------------------------------------------------------------------------------------
 
 
 def test_backlog_bounded_batches_restart_and_data_loss(
-    broker_ks: str, admin_ks: KafkaAdminClient, spark_ks: Any, tmp_path: Path
+    broker_ks: str, admin_ks: KafkaAdminClient, spark_ks: Any, checkpoint: Path
 ) -> None:
     """(a) bounded batches read every offset once, (b) restart continues, (c) data loss fails fast."""
     topic = f"ks-{uuid.uuid4().hex[:8]}"
@@ -222,7 +257,6 @@ def test_backlog_bounded_batches_restart_and_data_loss(
     _produce(broker_ks, topic, 5000, [0, 1, 2])
     first, end = _offsets(broker_ks, topic)
     assert sum(end.values()) - sum(first.values()) == 5000
-    checkpoint = tmp_path / "checkpoint"
 
     # (a) backlog of 5000 with maxOffsetsPerTrigger=1000
     sink = _Sink()
@@ -271,15 +305,77 @@ def test_backlog_bounded_batches_restart_and_data_loss(
     assert sink.count() == rows_before, "no batch ran on lost data"
 
 
+def test_every_batch_is_bounded_after_restarts_and_outages(
+    broker_ks: str, admin_ks: KafkaAdminClient, spark_ks: Any, checkpoint: Path
+) -> None:
+    """maxOffsetsPerTrigger bounds every batch, the first after each restart included (defect 7).
+
+    The backlog of an outage must never land in one batch: the driver collects it. Restarts on the
+    same checkpoint with the trigger Relay runs (processing time), a one-shot catch-up
+    (``Trigger.Once``, for which Spark passes ReadAllAvailable instead of the source's limit), and
+    ``Trigger.AvailableNow``; every offset is still read exactly once.
+    """
+    limit = 2000
+    topic = f"ks-{uuid.uuid4().hex[:8]}"
+    _create_topic(admin_ks, topic, 3)
+    _produce(broker_ks, topic, 20_000, [0, 1, 2])
+    initial, _ = _offsets(broker_ks, topic)
+    sink = _Sink()
+    rows_seen: dict[int, int] = {}
+    first_after_restart: dict[str, int] = {}
+
+    def run(phase: str, trigger: dict[str, Any] | None = None, rows: int = 0) -> None:
+        """One run of the query on the same checkpoint; ``rows``: what it must have seen to stop."""
+        first_after_restart[phase] = max(sink.batches, default=-1) + 1
+        query = _start(
+            spark_ks, broker_ks, topic, checkpoint, sink, trigger=trigger, maxOffsetsPerTrigger=str(limit)
+        )
+        try:
+            if trigger is None:  # runs until stopped, like Relay's job
+                _run_until(query, f"{rows} rows ({phase})", lambda: sink.count() >= rows)
+                _stop_after_commit(query, checkpoint)
+            else:  # Once / AvailableNow stop by themselves
+                assert query.awaitTermination(TIMEOUT_S), f"{phase}: query still running"
+                assert query.exception() is None, f"{phase}: {query.exception()}"
+        finally:
+            query.stop()
+        rows_seen.update(_input_rows(query))
+
+    # a first start drains a backlog of 20,000
+    run("start", rows=20_000)
+    # an outage: 10,000 more arrive while the job is down; restart as Relay's job runs
+    _produce(broker_ks, topic, 10_000, [0, 1, 2])
+    run("restart", rows=30_000)
+    # another outage, then a one-shot catch-up
+    _produce(broker_ks, topic, 6_000, [0, 1, 2])
+    run("Trigger.Once", {"once": True})
+    # and a catch-up with Trigger.AvailableNow, which reads up to today's end and stops
+    run("Trigger.AvailableNow", {"availableNow": True})
+
+    sizes = _planned_sizes(checkpoint, topic, initial)
+    firsts = {phase: sizes.get(batch) for phase, batch in first_after_restart.items()}
+    assert all(size is not None and 0 < size <= limit for size in firsts.values()), (
+        f"first batch of each run, in offsets: {firsts}"
+    )
+    assert max(sizes.values()) <= limit, f"offsets per batch: {sizes}"
+    assert max(rows_seen.values()) <= limit, f"numInputRows per batch: {rows_seen}"
+    assert max(len(rows) for rows in sink.batches.values()) <= limit
+    once_batches = first_after_restart["Trigger.AvailableNow"] - first_after_restart["Trigger.Once"]
+    assert once_batches == 1, f"Trigger.Once ran {once_batches} batches"
+    first, end = _offsets(broker_ks, topic)
+    assert sum(end.values()) == 36_000
+    assert sorted(sink.pairs()) == _expected(first, end), "every offset exactly once"
+
+
 def test_new_partition_is_picked_up(
-    broker_ks: str, admin_ks: KafkaAdminClient, spark_ks: Any, tmp_path: Path
+    broker_ks: str, admin_ks: KafkaAdminClient, spark_ks: Any, checkpoint: Path
 ) -> None:
     """(d) a partition added while the query runs is read from its first offset."""
     topic = f"ks-{uuid.uuid4().hex[:8]}"
     _create_topic(admin_ks, topic, 1)
     _produce(broker_ks, topic, 200, [0])
     sink = _Sink()
-    query = _start(spark_ks, broker_ks, topic, tmp_path / "checkpoint", sink)
+    query = _start(spark_ks, broker_ks, topic, checkpoint, sink)
     try:
         _run_until(query, "200 rows", lambda: sink.count() >= 200)
         admin_ks.create_partitions({topic: 2})
@@ -324,12 +420,13 @@ def test_guard_stop_and_caps(
     fake.read_source_guard = read_source_guard  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "relay.source_guard", fake)
 
-    # option keys arrive lower-cased from Spark
+    # option keys arrive lower-cased from Spark; the URL comes from the variable the option names
+    monkeypatch.setenv("RELAY_TEST_LEDGER", "sqlite:///x")
     reader = _reader(
         broker_ks,
         topic,
         startingoffsets="earliest",
-        **{"relay.ledgerurl": "sqlite:///x", "relay.instanceid": "7"},
+        **{"relay.ledgerurlenv": "RELAY_TEST_LEDGER", "relay.instanceid": "7"},
     )
     start = reader.initialOffset()
     assert start == {topic: {"0": 0, "1": 0, "2": 0}}

@@ -46,7 +46,7 @@ def tree(path: Path) -> list[str]:
 
 
 def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: RelayConfig) -> None:
-    ledger = Ledger(cfg.ledger_url)
+    ledger = Ledger(cfg.ledger_url, create=True)
     produce(cfg.kafka_bootstrap, cfg.topic, 600, None, partitions=cfg.partitions)
     deploy(cfg, wait_s=240)
     wait_for("the job to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)

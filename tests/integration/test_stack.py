@@ -14,11 +14,14 @@ from relay.config import RelayConfig, load_config
 from relay.errors import KafkaError, StackError
 from relay.kafka_offsets import KafkaOffsets
 from relay.producer import highest_counter, produce
+from relay.spark_auth import signer_for
 from relay.spark_rest import DriverState, SparkStandaloneClient, driver_environment, driver_properties
 from relay.stack import LocalStack, pid_alive, session_pids
 
 from tests.conftest import wait_for
 from tests.integration.conftest import private_data_dir, stack_env
+
+pytestmark = pytest.mark.integration
 
 APPS = Path(__file__).parent / "apps"
 
@@ -80,7 +83,9 @@ def test_kafka_offsets_follow_produce_delete_and_timestamps(stack: RelayConfig) 
 
 
 def test_python_driver_submitted_through_rest_finishes(stack: RelayConfig) -> None:
-    client = SparkStandaloneClient(stack.spark_master_ui_url, stack.spark_rest_url)
+    unsigned = SparkStandaloneClient(stack.spark_master_ui_url, stack.spark_rest_url)
+    assert not unsigned.ready(), "the REST server requires a signed token"
+    client = SparkStandaloneClient(stack.spark_master_ui_url, stack.spark_rest_url, signer=signer_for(stack))
     assert client.ready()
     props = driver_properties(stack, "relay-test-hello", supervise=False, py_files=[])
     sid = client.submit_python(str(APPS / "hello_driver.py"), ["ping"], props, driver_environment(stack))

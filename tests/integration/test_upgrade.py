@@ -51,8 +51,9 @@ def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], s
     return {(p, o): v for p, o, v in rows}
 
 
-def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(cfg: RelayConfig) -> None:
-    ledger = Ledger(cfg.ledger_url)
+def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_config: RelayConfig) -> None:
+    cfg = pipeline_config  # on SQLite and on PostgreSQL (READ COMMITTED: the handoff must lock blue)
+    ledger = Ledger(cfg.ledger_url, create=True)
     produce(cfg.kafka_bootstrap, cfg.topic, 1000, None, partitions=cfg.partitions)
     deploy(cfg, version="v1", wait_s=240)
     build_artifact(cfg, "v2")
@@ -111,7 +112,7 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(cfg: RelayC
 
 
 def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig) -> None:
-    ledger = Ledger(cfg.ledger_url)
+    ledger = Ledger(cfg.ledger_url, create=True)
     produce(cfg.kafka_bootstrap, cfg.topic, 500, None, partitions=cfg.partitions)
     deploy(cfg, version="v1", wait_s=240)
     build_artifact(cfg, "v2")

@@ -20,12 +20,16 @@ for _key, _value in airflow_env(
 if str(PROJECT_ROOT / "plugins") not in sys.path:  # Airflow puts plugins/ on sys.path; tests do it here
     sys.path.insert(0, str(PROJECT_ROOT / "plugins"))
 
+import jwt  # noqa: E402
 from airflow.sdk.exceptions import AirflowNotFoundException  # noqa: E402
+from relay.ledger.engine import create_ledger, safe_url  # noqa: E402
+from relay.spark_auth import decode_key, ensure_secret_file  # noqa: E402
 from relay_airflow.config import relay_config_from_connections  # noqa: E402
 from relay_airflow.hooks.kafka_offsets import KafkaOffsetsHook  # noqa: E402
 from relay_airflow.hooks.ledger import LedgerHook  # noqa: E402
 from relay_airflow.hooks.spark_standalone import SparkStandaloneHook  # noqa: E402
 from relay_airflow.sensors.first_commit import FirstCommitSensor  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
 
 
 @pytest.fixture
@@ -84,7 +88,31 @@ def test_ledger_hook_returns_a_ledger_on_the_connection_url(
 ) -> None:
     ledger = LedgerHook().get_conn()
     assert ledger.url == f"sqlite:///{tmp_path / 'ledger.db'}"
+    ok, message = LedgerHook().test_connection()  # no ledger there yet: refused, and none created
+    assert ok is False and "no ledger at" in message and "relay ledger init" in message
+    assert not (tmp_path / "ledger.db").exists()
+    create_ledger(ledger.url)
     assert LedgerHook().test_connection() == (True, f"ledger at {ledger.url}")
+
+
+def test_spark_hook_signs_with_the_key_file_or_the_password(
+    connections: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded stack names the key file in the connection; a deployment may use the password."""
+    assert SparkStandaloneHook()._get_client().signer is None  # no key file yet: unsigned
+    key_file = tmp_path / "secrets" / "spark-rest.key"
+    ensure_secret_file(key_file)
+    key = key_file.read_text().strip()
+    token = SparkStandaloneHook()._get_client().signer.token()
+    assert jwt.decode(token, decode_key(key), algorithms=["HS256"])["iss"] == "relay"
+    config = relay_config_from_connections(load_config({"RELAY_DATA_DIR": str(tmp_path / "other")}))
+    assert config.spark_rest_secret_file == key_file
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PW_SPARK",
+        json.dumps({"conn_type": "relay_spark", "host": "10.0.0.5", "port": 8080, "password": key}),
+    )
+    token = SparkStandaloneHook("pw_spark")._get_client().signer.token()
+    assert jwt.decode(token, decode_key(key), algorithms=["HS256"])["iss"] == "relay"
 
 
 def test_ledger_hook_builds_postgres_url_keeping_the_password_in_its_field(
@@ -104,6 +132,35 @@ def test_ledger_hook_builds_postgres_url_keeping_the_password_in_its_field(
         ),
     )
     assert LedgerHook("pg_ledger").sqlalchemy_url() == "postgresql+psycopg2://relay:s3cret@db:5433/ledger"
+
+
+@pytest.mark.parametrize("password", ["p@ss/w:rd", "a@b@c", "%40/:?#&=+ é"])
+def test_ledger_hook_encodes_login_and_password(monkeypatch: pytest.MonkeyPatch, password: str) -> None:
+    """'@', '/', ':' and friends in a password or login are URL-encoded, so they cannot break the URL,
+    and the masked form shows no part of the password."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PG_ODD",
+        json.dumps(
+            {
+                "conn_type": "relay_ledger",
+                "host": "db",
+                "port": 5433,
+                "login": "re:l@y",
+                "password": password,
+                "schema": "ledger",
+            }
+        ),
+    )
+    url = LedgerHook("pg_odd").sqlalchemy_url()
+    parsed = make_url(url)
+    assert (parsed.username, parsed.password, parsed.host, parsed.port, parsed.database) == (
+        "re:l@y",
+        password,
+        "db",
+        5433,
+        "ledger",
+    )
+    assert safe_url(url) == "postgresql+psycopg2://re%3Al%40y:***@db:5433/ledger"
 
 
 def test_config_from_connections_overrides_only_addresses(
@@ -133,6 +190,7 @@ def test_first_commit_sensor_pokes_the_ledger(connections: dict[str, str]) -> No
     from relay.ledger.models import Color, InstanceState
 
     ledger = LedgerHook().get_conn()
+    create_ledger(ledger.url)
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, "sensed", "v1", Color.BLUE, "", "relay-sensed-1")
     sensor = FirstCommitSensor(task_id="wait", instance_id=inst.id)

@@ -6,16 +6,17 @@ stall is "no batch in the window" exactly as it would be in production.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-import relay.kafka_offsets
 import relay.status
 from relay.config import RelayConfig
+from relay.errors import LaunchRefusedError
 from relay.health import (
-    HealthReport,
     Level,
     PartitionStatus,
     Thresholds,
@@ -23,145 +24,71 @@ from relay.health import (
     instance_of_app,
     run_health,
 )
-from relay.ledger.models import AttemptState, Color, Instance, InstanceState
+from relay.ledger.models import AttemptState, Color, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory
-from relay.protocol import Record, commit_batch
-from relay.reference_sink import ReferenceSink
-from relay.spark_rest import AppState, SparkApp
 
 from tests.conftest import free_port
-
-T = "events"
-P = "p"
-
-
-@pytest.fixture()
-def config(tmp_path) -> RelayConfig:
-    return RelayConfig(data_dir=tmp_path, pipeline=P, topic=T, partitions=2, trigger_seconds=1.0)
-
-
-@pytest.fixture()
-def ledger(config) -> Iterator[Ledger]:
-    led = Ledger(config.ledger_url)
-    yield led
-    led.close()
-
-
-class FakeKafka:
-    """Stands in for KafkaOffsets so that relay.status.offsets_view runs unchanged on chosen offsets."""
-
-    earliest_offsets: dict[int, int] = {}
-    latest_offsets: dict[int, int] = {}
-    retention_ms: int | None = None
-
-    def __init__(self, bootstrap: str, timeout_s: float = 10) -> None:
-        self.bootstrap = bootstrap
-
-    def __enter__(self) -> FakeKafka:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def earliest(self, topic: str) -> dict[int, int]:
-        return dict(self.earliest_offsets)
-
-    def latest(self, topic: str) -> dict[int, int]:
-        return dict(self.latest_offsets)
-
-    def topic_config(self, topic: str) -> dict[str, str]:
-        return {} if self.retention_ms is None else {"retention.ms": str(self.retention_ms)}
+from tests.unit.health_support import (
+    FakeKafka,
+    P,
+    T,
+    app,
+    batch,
+    fake_kafka,
+    make_config,
+    new_instance,
+    open_ledger,
+    part,
+    running,
+)
 
 
 @pytest.fixture()
-def kafka(monkeypatch) -> type[FakeKafka]:
-    class K(FakeKafka):
-        earliest_offsets = {0: 0, 1: 0}
-        latest_offsets = {0: 0, 1: 0}
-
-    monkeypatch.setattr(relay.status, "KafkaOffsets", K)
-    monkeypatch.setattr(relay.kafka_offsets, "KafkaOffsets", K)
-    return K
+def config(tmp_path: Path) -> RelayConfig:
+    return make_config(tmp_path)
 
 
-def new_instance(
-    ledger: Ledger,
-    state: InstanceState | None = None,
-    version: str = "v1",
-    color: Color = Color.BLUE,
-    leases: bool = True,
-) -> Instance:
-    """An instance named like the launcher names it, holding partitions 0 and 1 from offset 0."""
-    with ledger.tx() as conn:
-        inst = ledger.create_instance(conn, P, version, color, "/nonexistent", "")
-        ledger.set_instance(inst.id, conn, app_name=f"relay-{P}-{inst.id}", submission_id=f"driver-{inst.id}")
-        if leases and not ledger.pipeline_leases(P, conn):
-            for part in (0, 1):
-                ledger.open_lease(conn, inst, T, part, 0)
-        if state is not None:
-            ledger.set_instance(inst.id, conn, state=state)
-        return ledger.instance(inst.id, conn)
+@pytest.fixture()
+def ledger(config: RelayConfig) -> Iterator[Ledger]:
+    yield from open_ledger(config)
 
 
-def batch(
-    ledger: Ledger,
-    attempt,
-    batch_id: int,
-    start: dict[int, int],
-    end: dict[int, int],
-    poison: int = 0,
-    started_at: float | None = None,
-) -> None:
-    """One real batch through the commit protocol (keys are counters; ``poison`` negative keys)."""
-    records = [Record(T, p, o, str(o).encode(), b"v") for p in end for o in range(start[p], end[p])]
-    for i in range(poison):
-        p = next(iter(end))
-        records[i] = Record(T, p, records[i].offset, b"-1", b"bad")
-    commit_batch(
-        ledger, attempt, batch_id, {T: start}, {T: end}, records, ReferenceSink("v1"), started_at=started_at
-    )
-
-
-def app(inst_id: int | str, pipeline: str = P) -> SparkApp:
-    return SparkApp(
-        id=f"app-{inst_id}",
-        name=f"relay-{pipeline}-{inst_id}",
-        state=AppState.RUNNING,
-        start_time_ms=0,
-        cores=1,
-    )
-
-
-def running(ledger: Ledger, *instances: Instance, extra_apps: list[SparkApp] | None = None) -> Inventory:
-    live = [ledger.instance(i.id) for i in instances]
-    return Inventory(live=live, apps=[app(i.id) for i in live] + list(extra_apps or []))
-
-
-def part(report: HealthReport, check: str, partition: int) -> dict:
-    return next(d for d in report.check(check).data["partitions"] if d["partition"] == partition)
+@pytest.fixture()
+def kafka(monkeypatch: pytest.MonkeyPatch) -> type[FakeKafka]:
+    return fake_kafka(monkeypatch)
 
 
 # ------------------------------------------------------------------------------- progress and lag
 def test_lag_in_records_and_seconds_matches_the_ledger_cursor(config, ledger, kafka):
     inst = new_instance(ledger)
-    att = ledger.start_attempt(inst.id)
-    batch(ledger, att, 0, {0: 0, 1: 0}, {0: 60, 1: 30})
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+    batch(ledger, att, 0, {0: 0, 1: 0}, {0: 60, 1: 30}, started_at=time.time() - 0.5)  # a 0.5 s batch
     kafka.latest_offsets = {0: 90, 1: 30}
     report = run_health(config, ledger, inventory=running(ledger, inst), thresholds=Thresholds(window_s=300))
     lag0 = part(report, "lag", 0)
     assert lag0["lag"] == 30
-    assert lag0["rate_per_s"] == pytest.approx(60 / 300, abs=1e-3)
-    assert lag0["lag_seconds"] == pytest.approx(30 / (60 / 300), rel=1e-3)
-    assert part(report, "lag", 1)["lag"] == 0
+    # no record timestamp to read here: seconds from the rate while batches ran; a batch faster than
+    # the 1 s trigger counts for one trigger (the cadence a backlogged job keeps): ~60 records/s
+    took = max(max(b["committed_at"] - b["started_at"] for b in ledger.recent_batches(P)), 1.0)
+    assert lag0["rate_per_s"] == pytest.approx(60 / took, abs=1e-3)
+    assert lag0["lag_seconds"] == pytest.approx(30 * took / 60, abs=0.06)
+    assert lag0["lag_seconds_method"] == "consume_rate"
+    assert part(report, "lag", 1)["lag"] == 0 and part(report, "lag", 1)["lag_seconds_method"] == "caught_up"
     assert report.check("lag").data["total"] == 30
     assert report.check("progress").level is Level.OK  # the cursor moved in the window
-    assert report.status is Level.OK and not report.down
+    assert report.status is Level.OK and not report.down, report.summary()
 
 
 def test_lag_above_threshold_warns(config, ledger, kafka):
     inst = new_instance(ledger)
-    batch(ledger, ledger.start_attempt(inst.id), 0, {0: 0, 1: 0}, {0: 10, 1: 10})
+    batch(
+        ledger,
+        ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id)),
+        0,
+        {0: 0, 1: 0},
+        {0: 10, 1: 10},
+    )
     kafka.latest_offsets = {0: 5000, 1: 10}
     report = run_health(
         config, ledger, inventory=running(ledger, inst), thresholds=Thresholds(lag_warn_records=1000)
@@ -172,7 +99,13 @@ def test_lag_above_threshold_warns(config, ledger, kafka):
 
 def test_stall_when_running_with_lag_and_no_batch_in_the_window(config, ledger, kafka):
     inst = new_instance(ledger)
-    batch(ledger, ledger.start_attempt(inst.id), 0, {0: 0, 1: 0}, {0: 10, 1: 10})
+    batch(
+        ledger,
+        ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id)),
+        0,
+        {0: 0, 1: 0},
+        {0: 10, 1: 10},
+    )
     kafka.latest_offsets = {0: 50, 1: 10}
     report = run_health(config, ledger, inventory=running(ledger, inst), now=time.time() + 400)
     progress = report.check("progress")
@@ -186,7 +119,9 @@ def test_stall_when_running_with_lag_and_no_batch_in_the_window(config, ledger, 
 
 def test_no_stall_while_the_current_attempt_is_younger_than_the_window(config, ledger, kafka):
     inst = new_instance(ledger)
-    ledger.start_attempt(inst.id)  # started, no first batch yet (submit to first batch takes 20-40 s)
+    ledger.start_attempt(
+        inst.id, ledger.issue_launch_token(inst.id)
+    )  # started, no first batch yet (submit to first batch takes 20-40 s)
     kafka.latest_offsets = {0: 50, 1: 50}
     report = run_health(config, ledger, inventory=running(ledger, inst))
     assert report.check("progress").level is Level.OK
@@ -194,7 +129,7 @@ def test_no_stall_while_the_current_attempt_is_younger_than_the_window(config, l
 
 def test_falling_behind_warns_when_lag_grows_while_the_cursor_moves(config, ledger, kafka):
     inst = new_instance(ledger)
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     t0 = time.time()
     batch(ledger, att, 0, {0: 0, 1: 0}, {0: 10, 1: 10})
     kafka.latest_offsets = {0: 100, 1: 10}
@@ -210,7 +145,7 @@ def test_falling_behind_warns_when_lag_grows_while_the_cursor_moves(config, ledg
 
 def test_stop_when_down_with_messages_waiting(config, ledger, kafka):
     inst = new_instance(ledger)
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     batch(ledger, att, 0, {0: 0, 1: 0}, {0: 10, 1: 10})
     ledger.end_attempt(att.id, AttemptState.STOPPED)
     ledger.set_instance(inst.id, state=InstanceState.STOPPED)
@@ -227,7 +162,7 @@ def test_stop_when_down_with_messages_waiting(config, ledger, kafka):
 
 def test_down_and_caught_up_is_a_warning_not_a_crash(config, ledger, kafka):
     inst = new_instance(ledger)
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     batch(ledger, att, 0, {0: 0, 1: 0}, {0: 10, 1: 10})
     ledger.end_attempt(att.id, AttemptState.STOPPED)
     ledger.set_instance(inst.id, state=InstanceState.STOPPED)
@@ -249,7 +184,7 @@ def test_everything_unreachable_becomes_check_results(tmp_path, ledger):
         spark_rest_url=f"http://127.0.0.1:{free_port()}",
     )
     inst = new_instance(ledger)  # live in the ledger, with a Spark driver id the master can't be asked about
-    ledger.start_attempt(inst.id)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     report = run_health(cfg, ledger)
     single = report.check("single_instance")
     assert single.level is Level.CRITICAL and "Spark master unreachable" in single.message
@@ -261,7 +196,7 @@ def test_everything_unreachable_becomes_check_results(tmp_path, ledger):
 # --------------------------------------------------------------------------------------- retention
 def test_invalidated_when_retention_removed_unread_records(config, ledger, kafka):
     inst = new_instance(ledger)
-    ledger.start_attempt(inst.id)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     kafka.earliest_offsets = {0: 40, 1: 0}
     kafka.latest_offsets = {0: 100, 1: 0}
     report = run_health(config, ledger, inventory=running(ledger, inst))
@@ -277,7 +212,7 @@ def test_invalidated_when_retention_removed_unread_records(config, ledger, kafka
 
 def test_retention_time_left_from_produce_rate_warns_under_two_intervals(config, ledger, kafka):
     inst = new_instance(ledger)
-    ledger.start_attempt(inst.id)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     t0 = time.time()
     kafka.retention_ms = 500_000  # 500 s
     kafka.latest_offsets = {0: 100, 1: 0}
@@ -302,7 +237,7 @@ def test_retention_time_left_from_produce_rate_warns_under_two_intervals(config,
 # ---------------------------------------------------------------------------------- single instance
 def test_unknown_application_is_critical(config, ledger, kafka):
     inst = new_instance(ledger)
-    ledger.start_attempt(inst.id)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     inv = running(ledger, inst, extra_apps=[app(999), app("manual")])
     report = run_health(config, ledger, inventory=inv)
     single = report.check("single_instance")
@@ -315,17 +250,17 @@ def test_other_pipeline_sharing_the_prefix_is_not_ours(config, ledger, kafka):
     assert instance_of_app("p", "relay-p-12") == 12
     assert instance_of_app("p", "relay-p-x-12") is None
     inst = new_instance(ledger)
-    ledger.start_attempt(inst.id)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     report = run_health(config, ledger, inventory=running(ledger, inst, extra_apps=[app(3, "p-x")]))
     assert report.check("single_instance").level is Level.OK
 
 
 def test_fenced_instance_still_running_in_the_master_is_critical(config, ledger, kafka):
     old = new_instance(ledger)
-    ledger.start_attempt(old.id)
+    ledger.start_attempt(old.id, ledger.issue_launch_token(old.id))
     ledger.fence(old.id, "did not stop")
     new = new_instance(ledger, leases=False)
-    ledger.start_attempt(new.id)
+    ledger.start_attempt(new.id, ledger.issue_launch_token(new.id))
     report = run_health(config, ledger, inventory=running(ledger, new, extra_apps=[app(old.id)]))
     single = report.check("single_instance")
     assert single.level is Level.CRITICAL
@@ -336,8 +271,8 @@ def test_fenced_instance_still_running_in_the_master_is_critical(config, ledger,
 def test_two_live_instances_outside_an_upgrade_are_critical(config, ledger, kafka):
     a = new_instance(ledger, InstanceState.ACTIVE)
     b = new_instance(ledger, InstanceState.ACTIVE, leases=False)
-    ledger.start_attempt(a.id)
-    ledger.start_attempt(b.id)
+    ledger.start_attempt(a.id, ledger.issue_launch_token(a.id))
+    ledger.start_attempt(b.id, ledger.issue_launch_token(b.id))
     report = run_health(config, ledger, inventory=running(ledger, a, b))
     single = report.check("single_instance")
     assert single.level is Level.CRITICAL and "2 live instances" in single.message
@@ -347,30 +282,63 @@ def test_two_live_instances_outside_an_upgrade_are_critical(config, ledger, kafk
 def test_upgrade_blue_draining_green_active_is_expected(config, ledger, kafka):
     blue = new_instance(ledger, InstanceState.DRAINING)
     green = new_instance(ledger, InstanceState.ACTIVE, color=Color.GREEN, leases=False)
-    ledger.start_attempt(blue.id)
-    ledger.start_attempt(green.id)
+    ledger.start_attempt(blue.id, ledger.issue_launch_token(blue.id))
+    ledger.start_attempt(green.id, ledger.issue_launch_token(green.id))
     report = run_health(config, ledger, inventory=running(ledger, blue, green))
     single = report.check("single_instance")
     assert single.level is Level.OK and single.data["upgrade_in_progress"]
 
 
-def test_superseded_attempt_after_a_relaunch_is_not_a_second_live_attempt(config, ledger, kafka):
+def test_superseded_attempt_after_a_relaunch_is_fenced_not_a_second_live_attempt(config, ledger, kafka):
     inst = new_instance(ledger)
-    old = ledger.start_attempt(inst.id)
-    ledger.start_attempt(inst.id)  # the master relaunched the driver; the old one still heartbeats
+    old = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+    new = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))  # the master relaunched it
+    states = {a.id: a.state for a in ledger.attempts(inst.id)}
+    assert states == {old.id: AttemptState.FENCED, new.id: AttemptState.RUNNING}
     report = run_health(config, ledger, inventory=running(ledger, inst))
     single = report.check("single_instance")
     assert single.level is Level.OK
-    assert [a["attempt"] for a in single.data["superseded_attempts"]] == [old.id]
+    assert [a["attempt"] for a in single.data["live_attempts"]] == [new.id]
+    assert single.data["superseded_attempts"] == []
+
+
+def test_refused_copy_is_named_by_health(config, ledger, kafka):
+    inst = new_instance(ledger)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+    with pytest.raises(LaunchRefusedError, match="no launch token"):
+        ledger.start_attempt(inst.id, None, driver_id="driver-20261123000000-0042")
+    with pytest.raises(LaunchRefusedError, match="does not match"):
+        ledger.start_attempt(inst.id, "guessed", driver_id="driver-20261123000000-0043")
+    assert [a.state for a in ledger.attempts(inst.id)] == [AttemptState.RUNNING]  # never fenced
+    single = run_health(config, ledger, inventory=running(ledger, inst)).check("single_instance")
+    assert single.level is Level.WARN
+    assert [r["driver"] for r in single.data["refused_starts"]] == [
+        "driver-20261123000000-0042",
+        "driver-20261123000000-0043",
+    ]
+
+
+def test_refused_copy_stays_named_when_an_impostor_makes_it_critical(config, ledger, kafka):
+    inst = new_instance(ledger)
+    attempt = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+    ledger.set_attempt_app(attempt.id, f"app-{inst.id}")  # the application Relay started
+    with pytest.raises(LaunchRefusedError):
+        ledger.start_attempt(inst.id, None, driver_id="driver-20261123000000-0042")
+    impostor = dataclasses.replace(app(inst.id), id="app-impostor")  # same name, not Relay's
+    inv = running(ledger, inst, extra_apps=[impostor])
+    single = run_health(config, ledger, inventory=inv).check("single_instance")
+    assert single.level is Level.CRITICAL
+    assert "not an attempt Relay recorded" in single.message
+    assert "driver-20261123000000-0042" in single.message and "find who submits copies" in single.action
 
 
 # --------------------------------------------------------------------------------------------- driver
 def test_crash_loop_is_critical_with_restart_count(config, ledger, kafka):
     inst = new_instance(ledger)
     for _ in range(3):
-        att = ledger.start_attempt(inst.id)
+        att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
         ledger.end_attempt(att.id, AttemptState.CRASHED, "Py4JNetworkError")
-    ledger.start_attempt(inst.id)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     report = run_health(config, ledger, inventory=running(ledger, inst))
     driver = report.check("driver")
     assert driver.level is Level.CRITICAL and "crash loop" in driver.message
@@ -382,7 +350,7 @@ def test_crash_loop_is_critical_with_restart_count(config, ledger, kafka):
 
 def test_failed_instance_with_data_loss_points_to_recovery(config, ledger, kafka):
     inst = new_instance(ledger)
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     err = "data loss on events[0]: needed offset 0, earliest available is 40, 40 record(s) are gone."
     ledger.end_attempt(att.id, AttemptState.FAILED, err)
     ledger.set_instance(inst.id, state=InstanceState.FAILED, error=err)
@@ -396,7 +364,7 @@ def test_failed_instance_with_data_loss_points_to_recovery(config, ledger, kafka
 # ------------------------------------------------------------------------------- latency, dead letters
 def test_latency_against_the_trigger_interval(config, ledger, kafka):
     inst = new_instance(ledger)
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     batch(ledger, att, 0, {0: 0, 1: 0}, {0: 5, 1: 5}, started_at=time.time() - 0.2)
     ok = run_health(config, ledger, inventory=running(ledger, inst), persist=False)
     assert ok.check("latency").level is Level.OK
@@ -413,7 +381,7 @@ def test_latency_against_the_trigger_interval(config, ledger, kafka):
 
 def test_dead_letters_growth_since_the_previous_report(config, ledger, kafka):
     inst = new_instance(ledger)
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     batch(ledger, att, 0, {0: 0, 1: 0}, {0: 5, 1: 0}, poison=2)
     kafka.latest_offsets = {0: 5, 1: 0}
     first = run_health(config, ledger, inventory=running(ledger, inst))
@@ -432,7 +400,7 @@ def test_dead_letters_growth_since_the_previous_report(config, ledger, kafka):
 # ------------------------------------------------------------------------------------ the report
 def test_report_is_persisted_as_json_with_one_line_per_problem(config, ledger, kafka):
     inst = new_instance(ledger)
-    ledger.start_attempt(inst.id)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     kafka.earliest_offsets = {0: 40, 1: 0}
     kafka.latest_offsets = {0: 100, 1: 0}
     report = run_health(config, ledger, inventory=running(ledger, inst, extra_apps=[app(77)]))
@@ -447,3 +415,18 @@ def test_report_is_persisted_as_json_with_one_line_per_problem(config, ledger, k
     assert all("->" in line for line in lines[1:])  # every problem says what to run next
     with pytest.raises(Exception, match="CRITICAL"):
         report.raise_for_status()
+
+
+def test_a_spark_client_that_cannot_be_built_is_a_finding_not_a_crash(config, ledger, kafka, tmp_path):
+    """The configured REST signing key file is missing: the master's view cannot be taken (CRITICAL)."""
+    cfg = config.with_(
+        spark_rest_secret_file=tmp_path / "absent" / "spark-rest.key",
+        spark_master_ui_url=f"http://127.0.0.1:{free_port()}",
+        spark_rest_url=f"http://127.0.0.1:{free_port()}",
+    )
+    inst = new_instance(ledger)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+    report = run_health(cfg, ledger)
+    single = report.check("single_instance")
+    assert single.level is Level.CRITICAL and "cannot read the Spark REST key file" in single.message
+    assert report.status is Level.CRITICAL and report.check("lag").level is Level.OK  # the rest ran

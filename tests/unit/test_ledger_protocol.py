@@ -17,7 +17,7 @@ T = "experience"
 
 @pytest.fixture()
 def ledger(tmp_path):
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
     yield led
     led.close()
 
@@ -44,7 +44,7 @@ def applied(ledger: Ledger) -> list[tuple[int, int]]:
 
 def test_batch_applies_rows_and_moves_cursor_to_planned_end(ledger):
     inst = new_instance(ledger, {0: 0})
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     # offset 3 is a hole (transaction marker): the cursor still reaches the planned end 5
     res = commit_batch(ledger, att, 0, None, {T: {0: 5}}, recs(0, [0, 1, 2, 4]), ReferenceSink("v1"))
     assert res.rows_applied == 4
@@ -55,9 +55,11 @@ def test_batch_applies_rows_and_moves_cursor_to_planned_end(ledger):
 
 def test_replayed_batch_is_a_no_op(ledger):
     inst = new_instance(ledger, {0: 0})
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     commit_batch(ledger, att, 0, None, {T: {0: 3}}, recs(0, range(3)), ReferenceSink("v1"))
-    again = ledger.start_attempt(inst.id)  # the driver was killed after the ledger commit
+    again = ledger.start_attempt(
+        inst.id, ledger.issue_launch_token(inst.id)
+    )  # the driver was killed after the ledger commit
     res = commit_batch(ledger, again, 0, None, {T: {0: 3}}, recs(0, range(3)), ReferenceSink("v1"))
     assert res.rows_applied == 0 and res.rows_skipped == 3
     assert applied(ledger) == [(0, 0), (0, 1), (0, 2)]
@@ -65,8 +67,8 @@ def test_replayed_batch_is_a_no_op(ledger):
 
 def test_stale_epoch_is_fenced_and_writes_nothing(ledger):
     inst = new_instance(ledger, {0: 0})
-    old = ledger.start_attempt(inst.id)
-    ledger.start_attempt(inst.id)
+    old = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     with pytest.raises(ZombieAttemptError):
         commit_batch(ledger, old, 0, None, {T: {0: 3}}, recs(0, range(3)), ReferenceSink("v1"))
     assert applied(ledger) == [] and ledger.leases(inst.id)[0].next_offset == 0
@@ -74,7 +76,7 @@ def test_stale_epoch_is_fenced_and_writes_nothing(ledger):
 
 def test_fenced_instance_cannot_commit(ledger):
     inst = new_instance(ledger, {0: 0})
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     ledger.fence(inst.id, "test")
     with pytest.raises(ZombieAttemptError):
         commit_batch(ledger, att, 0, None, {T: {0: 1}}, recs(0, [0]), ReferenceSink("v1"))
@@ -83,7 +85,7 @@ def test_fenced_instance_cannot_commit(ledger):
 
 def test_batch_starting_past_cursor_is_refused(ledger):
     inst = new_instance(ledger, {0: 0})
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     with pytest.raises(SourceGapError):
         commit_batch(ledger, att, 1, {T: {0: 5}}, {T: {0: 8}}, recs(0, range(5, 8)), ReferenceSink("v1"))
     assert applied(ledger) == []
@@ -96,7 +98,10 @@ def test_rows_outside_leases_are_skipped_and_closed_lease_stops_at_end(ledger):
         ledger.close_lease(conn, lease, 4)
         green = ledger.create_instance(conn, "p", "v2", Color.GREEN, "/x", "relay-p-g")
         ledger.open_lease(conn, green, T, 0, 4)
-    b, g = ledger.start_attempt(blue.id), ledger.start_attempt(green.id)
+    b, g = (
+        ledger.start_attempt(blue.id, ledger.issue_launch_token(blue.id)),
+        ledger.start_attempt(green.id, ledger.issue_launch_token(green.id)),
+    )
     commit_batch(ledger, b, 0, None, {T: {0: 6}}, recs(0, range(6)), ReferenceSink("v1"))
     commit_batch(ledger, g, 0, None, {T: {0: 6}}, recs(0, range(4, 6)), ReferenceSink("v2"))
     assert applied(ledger) == [(0, o) for o in range(6)]
@@ -115,7 +120,7 @@ def test_overlapping_lease_is_refused(ledger):
 
 def test_take_over_continues_from_cursor_and_undrained_rest(ledger):
     blue = new_instance(ledger, {0: 0})
-    att = ledger.start_attempt(blue.id)
+    att = ledger.start_attempt(blue.id, ledger.issue_launch_token(blue.id))
     commit_batch(ledger, att, 0, None, {T: {0: 3}}, recs(0, range(3)), ReferenceSink("v1"))
     with ledger.tx() as conn:
         ledger.close_lease(conn, ledger.leases(blue.id, conn)[0], 10)  # upgrade handoff at 10
@@ -130,7 +135,7 @@ def test_take_over_continues_from_cursor_and_undrained_rest(ledger):
 
 def test_poison_goes_to_dead_letters_and_cursor_moves_on(ledger):
     inst = new_instance(ledger, {0: 0})
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     rows = recs(0, [0, 1]) + [Record(T, 0, 2, b"-1", b"poison")] + recs(0, [3])
     res = commit_batch(ledger, att, 0, None, {T: {0: 4}}, rows, ReferenceSink("v1"))
     assert (res.rows_applied, res.dead_letters) == (3, 1)
@@ -141,7 +146,7 @@ def test_poison_goes_to_dead_letters_and_cursor_moves_on(ledger):
 
 def test_new_partition_is_adopted_by_the_active_instance(ledger):
     inst = new_instance(ledger, {0: 0})
-    att = ledger.start_attempt(inst.id)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
     commit_batch(ledger, att, 0, None, {T: {0: 1, 1: 2}}, recs(0, [0]) + recs(1, [0, 1]), ReferenceSink("v1"))
     assert applied(ledger) == [(0, 0), (1, 0), (1, 1)]
 

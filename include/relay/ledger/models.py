@@ -73,6 +73,7 @@ class Attempt:
     heartbeat_at: float
     ended_at: float | None
     error: str | None
+    driver_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

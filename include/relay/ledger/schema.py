@@ -23,7 +23,9 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import Connection
 
@@ -59,6 +61,8 @@ instances = Table(
     Column("error", Text),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    # v2: sha256 of the launch token Relay handed to the instance's submission (never the token).
+    Column("launch_token_hash", String(64)),
 )
 Index("ix_instances_pipeline_state", instances.c.pipeline, instances.c.state)
 
@@ -76,7 +80,22 @@ attempts = Table(
     Column("heartbeat_at", Float, nullable=False),
     Column("ended_at", Float),
     Column("error", Text),
+    Column("driver_id", String(200)),  # v2: the Spark driver that runs this attempt (cluster mode)
     UniqueConstraint("epoch", "instance_id", name="uq_attempts_epoch"),
+)
+
+# v2: drivers that tried to start an attempt without the instance's launch token (rogue copies).
+refused_starts = Table(
+    "refused_starts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("instance_id", BigInteger, nullable=False),
+    Column("driver_id", String(200)),
+    Column("host", String(200)),
+    Column("pid", Integer),
+    Column("reason", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
 )
 
 leases = Table(
@@ -158,10 +177,12 @@ messages = Table(
     Column("partition", Integer, nullable=False),
     Column("offset", BigInteger, nullable=False),
     Column("key", Text),
-    Column("value", Text),
+    Column("value", Text),  # the value as text when it is UTF-8 without NUL, else NULL (see value_bytes)
     Column("instance_id", BigInteger, nullable=False),
     Column("version", String(100), nullable=False),
     Column("batch_id", BigInteger, nullable=False),
+    # v3: the value's exact bytes (any bytes; NULL in rows written before v3 and for records without one)
+    Column("value_bytes", LargeBinary),
 )
 Index("ix_messages_tp", messages.c.pipeline, messages.c.topic, messages.c.partition, messages.c.offset)
 
@@ -197,8 +218,29 @@ def _v1(conn: Connection) -> None:
     metadata.create_all(conn)
 
 
+def _add_column(conn: Connection, table: Table, column: str) -> None:
+    """ALTER TABLE ADD COLUMN unless the column exists (a fresh ledger got it from create_all)."""
+    if column in {c["name"] for c in inspect(conn).get_columns(table.name)}:
+        return
+    col = table.c[column]
+    conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile(conn.dialect)}"))
+
+
+def _v2(conn: Connection) -> None:
+    """Attempts bound to their submission: launch token hash, driver id, refused starts."""
+    _add_column(conn, instances, "launch_token_hash")
+    _add_column(conn, attempts, "driver_id")
+    refused_starts.create(conn, checkfirst=True)
+
+
+def _v3(conn: Connection) -> None:
+    """Message values as exact bytes: Text held non-UTF-8 values with replacement characters, and
+    PostgreSQL's text cannot hold NUL at all (such a record failed its whole batch)."""
+    _add_column(conn, messages, "value_bytes")
+
+
 # Append new migrations; never edit an applied one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from sqlalchemy import select
+
 from relay.config import RelayConfig
 from relay.errors import ConfigError, OperationError
 from relay.kafka_offsets import KafkaOffsets
@@ -70,9 +72,30 @@ def launch_or_fail(
         raise
 
 
+FIRST_VERSION = "v1"
+
+
+def current_version(ledger: Ledger, pipeline: str) -> str:
+    """The version the pipeline runs now: its newest instance that ever committed (or was live).
+
+    A deploy or a recovery without a version resumes it, so following health's advice after an
+    upgrade never silently brings an older version back.
+    """
+    instances = ledger.instances(pipeline)
+    with ledger.tx() as conn:
+        committed = {
+            row[0]
+            for row in conn.execute(
+                select(s.batches.c.instance_id).where(s.batches.c.pipeline == pipeline).distinct()
+            ).all()
+        }
+    ran = [i for i in instances if i.id in committed or i.state.live]
+    return (ran or instances)[-1].version if instances else FIRST_VERSION
+
+
 def deploy(
     config: RelayConfig,
-    version: str = "v1",
+    version: str | None = None,
     local: bool = False,
     starting: str = "earliest",
     wait_s: float = 300.0,
@@ -92,6 +115,9 @@ def deploy(
         raise OperationError(f"cannot check the Spark master: {inv.master_error}")
     last = ledger.instances(config.pipeline)
     color = last[-1].color if last else Color.BLUE
+    if version is None:
+        version = current_version(ledger, config.pipeline)
+        progress(f"no version given: resuming {version}, the version {config.pipeline} ran last")
     inst, leases = create_instance(config, ledger, version, color, starting)
     progress(
         f"instance {inst.id} ({version}, {color.value}) holds {len(leases)} lease(s); starting its driver"

@@ -10,7 +10,7 @@ from relay.errors import SparkError
 from relay.launcher import app_prefix, driver_running, spark_client
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.spark_rest import SparkApp
+from relay.spark_rest import SparkApp, SparkDriver
 
 STALE_HEARTBEAT_S = 60.0
 
@@ -20,6 +20,7 @@ class Inventory:
     live: list[Instance] = field(default_factory=list)  # ledger says live and its driver runs
     dead: list[Instance] = field(default_factory=list)  # ledger says live but nothing runs it
     apps: list[SparkApp] = field(default_factory=list)  # master's active applications of the pipeline
+    drivers: list[SparkDriver] = field(default_factory=list)  # master's active drivers (all pipelines)
     master_error: str | None = None
 
     @property
@@ -48,7 +49,10 @@ def take_inventory(config: RelayConfig, ledger: Ledger, reconcile: bool = True) 
     """Both views; with ``reconcile`` a live instance whose driver is gone is marked FAILED."""
     inv = Inventory()
     try:
-        inv.apps = master_apps(config, config.pipeline)
+        state = spark_client(config).master_state()
+        prefix = app_prefix(config.pipeline)
+        inv.apps = [a for a in state.active_apps if a.name.startswith(prefix)]
+        inv.drivers = list(state.active_drivers)
     except SparkError as exc:
         inv.master_error = str(exc)
     for inst in ledger.instances(config.pipeline, live_only=True):

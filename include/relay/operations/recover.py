@@ -12,16 +12,18 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 
 from relay import checkpoint
 from relay.config import RelayConfig
+from relay.crashpoints import crash_point
 from relay.errors import ConfigError, OperationError, OperationInProgressError
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import app_name, wait_until_active
 from relay.ledger import schema as s
 from relay.ledger.models import Color, Instance
 from relay.ledger.store import Ledger
-from relay.operations.deploy import launch_or_fail
+from relay.operations.deploy import current_version, launch_or_fail
 from relay.operations.inventory import take_inventory
 from relay.operations.stop import stop
 from relay.operations.upgrade import ALL_TERMINAL
@@ -147,6 +149,14 @@ def plan_recovery(
     return plan
 
 
+class RecoveryState(str, Enum):
+    RECOVERING = "RECOVERING"  # opened: nothing changed yet
+    ARCHIVED = "ARCHIVED"  # the pipeline is stopped (verified) and its checkpoints archived
+    LEASED = "LEASED"  # gaps, the new instance and its leases committed
+    EXECUTED = "EXECUTED"
+    FAILED = "FAILED"
+
+
 def recover(
     config: RelayConfig,
     strategy: str = "earliest",
@@ -160,15 +170,23 @@ def recover(
     version: str | None = None,
     progress: Progress = _noop,
 ) -> dict:
-    """Plan (always) and, unless ``dry_run``, execute the recovery."""
+    """Plan (always) and, unless ``dry_run``, execute the recovery.
+
+    A recovery that died half-way is resumed by executing again: it goes on from its persisted state
+    with the plan it recorded (the arguments of the new call are not used for it).
+    """
     ledger = Ledger(config.ledger_url)
-    busy = [o for o in ledger.in_progress(config.pipeline, ALL_TERMINAL) if o["kind"] == "upgrade"]
-    if busy:
+    running = ledger.in_progress(config.pipeline, ALL_TERMINAL)
+    if running and running[0]["kind"] == "upgrade":
         raise OperationInProgressError(
-            f"upgrade {busy[0]['id']} of {config.pipeline} is in progress "
-            f"(state {busy[0]['state']}): a recovery is refused until it ends",
-            busy[0],
+            f"upgrade {running[0]['id']} of {config.pipeline} is in progress "
+            f"(state {running[0]['state']}): a recovery is refused until it ends",
+            running[0],
         )
+    if running and not dry_run:
+        op = running[0]
+        progress(f"resuming recovery {op['id']} at state {op['state']}")
+        return _execute(config, ledger, op, local, wait_s, progress)
     plan = plan_recovery(config, strategy, timestamp_ms, offsets, ledger)
     progress("recovery plan:\n" + plan.table())
     result = {"pipeline": config.pipeline, "dry_run": dry_run, "plan": plan.to_json()}
@@ -180,101 +198,132 @@ def recover(
     if dry_run:
         progress("dry run: nothing was changed")
         return result
-    t0 = time.time()
     op = ledger.open_operation(
         config.pipeline,
         "recovery",
-        "RECOVERING",
+        RecoveryState.RECOVERING.value,
         {
             "strategy": strategy,
             "timestamp_ms": timestamp_ms,
             "offsets": offsets,
             "reason": reason,
             "allow_reprocess": allow_reprocess,
+            "version": version or current_version(ledger, config.pipeline),
         },
-        {"plan": plan.to_json()},
+        {"plan": plan.to_json(), "started_at": time.time()},
         ALL_TERMINAL,
     )
+    crash_point("recovery.opened")
+    return _execute(config, ledger, op, local, wait_s, progress)
+
+
+def _execute(
+    config: RelayConfig, ledger: Ledger, op: dict, local: bool, wait_s: float, progress: Progress
+) -> dict:
+    """Drive the persisted steps; each step's work and its state move are one transaction or idempotent."""
     try:
-        # Step 1. Stop whatever runs and verify that nothing does.
-        stop(config, local=local, progress=progress)
-        inv = take_inventory(config, ledger)
-        if inv.live or inv.apps:
-            raise OperationError(f"still running after stop: {inv.describe()}")
-        # Step 2. Archive old checkpoints (renamed, never deleted).
-        archived = []
-        previous = ledger.instances(config.pipeline)
-        for inst in previous:
-            moved = checkpoint.archive(inst.checkpoint_dir) if inst.checkpoint_dir else None
-            if moved:
-                archived.append(str(moved))
-        # Step 3. One transaction: gaps, old leases closed at their cursors, new instance at the targets.
-        why = reason or f"recovery with strategy {strategy}"
-        with ledger.tx() as conn:
-            for lease in ledger.pipeline_leases(config.pipeline, conn):
-                if lease.topic == config.topic and not lease.drained:
-                    conn.execute(
-                        s.leases.update()
-                        .where(s.leases.c.id == lease.id)
-                        .values(end_offset=lease.next_offset, closed_at=time.time())
-                    )
-            for pp in plan.partitions:
-                if pp.cursor is None:
-                    continue
-                start = pp.cursor
-                ledger.record_gap(
-                    conn,
-                    config.pipeline,
-                    config.topic,
-                    pp.partition,
-                    start,
-                    start + pp.lost,
-                    "lost",
-                    f"{why}: deleted by retention before it was applied",
+        while op["state"] not in (RecoveryState.EXECUTED.value, RecoveryState.FAILED.value):
+            state = RecoveryState(op["state"])
+            if state is RecoveryState.RECOVERING:
+                op = _stop_and_archive(config, ledger, op, local, progress)
+                crash_point("recovery.stopped")
+            elif state is RecoveryState.ARCHIVED:
+                op = _open_new_instance(config, ledger, op)
+                crash_point("recovery.leased")
+            else:
+                inst = ledger.instance(op["data"]["instance_id"])
+                if inst.submission_id is None:
+                    launch_or_fail(config, ledger, inst, local=local)
+                    crash_point("recovery.submitted")
+                first = wait_until_active(config, ledger, inst.id, wait_s, progress)
+                op = ledger.move_operation(
+                    op["id"],
+                    RecoveryState.EXECUTED.value,
+                    first_commit_s=round(first.seconds, 2),
+                    total_s=round(time.time() - op["data"]["started_at"], 2),
                 )
-                ledger.record_gap(
-                    conn,
-                    config.pipeline,
-                    config.topic,
-                    pp.partition,
-                    start + pp.lost,
-                    start + pp.lost + pp.skipped,
-                    "skipped",
-                    f"{why}: skipped on purpose",
-                )
-            inst: Instance = ledger.create_instance(
-                conn,
-                config.pipeline,
-                version or (previous[-1].version if previous else "v1"),
-                previous[-1].color if previous else Color.BLUE,
-                "",
-                "",
-            )
-            ledger.set_instance(
-                inst.id,
-                conn,
-                checkpoint_dir=str(config.checkpoints_dir / f"instance-{inst.id}"),
-                app_name=app_name(config.pipeline, inst.id),
-            )
-            for pp in plan.partitions:
-                ledger.open_lease(
-                    conn, inst, config.topic, pp.partition, pp.target, allow_overlap=allow_reprocess
-                )
-            inst = ledger.instance(inst.id, conn)
-        # Step 4. Start the fresh instance and wait for its first commit.
-        launch_or_fail(config, ledger, inst, local=local)
-        first = wait_until_active(config, ledger, inst.id, wait_s, progress)
+                progress(f"recovered: instance {inst.id} committed after {first.seconds:.1f}s")
     except Exception as exc:
-        ledger.move_operation(op["id"], "FAILED", error=f"{type(exc).__name__}: {exc}")
+        ledger.move_operation(op["id"], RecoveryState.FAILED.value, error=f"{type(exc).__name__}: {exc}")
         raise
-    data = {
-        "instance_id": inst.id,
-        "archived_checkpoints": archived,
-        "first_commit_s": round(first.seconds, 2),
-        "total_s": round(time.time() - t0, 2),
+    result = {
+        "pipeline": config.pipeline,
+        "dry_run": False,
+        "recovery_id": op["id"],
+        "state": op["state"],
+        **op["data"],
     }
-    op = ledger.move_operation(op["id"], "EXECUTED", **data)
-    result.update(data, recovery_id=op["id"])
-    ledger.save_report(config.pipeline, "recovery", "EXECUTED", json.loads(json.dumps(result, default=str)))
-    progress(f"recovered: instance {inst.id} committed after {first.seconds:.1f}s")
+    ledger.save_report(config.pipeline, "recovery", op["state"], json.loads(json.dumps(result, default=str)))
     return result
+
+
+def _stop_and_archive(config: RelayConfig, ledger: Ledger, op: dict, local: bool, progress: Progress) -> dict:
+    """Step 1: stop whatever runs and verify that nothing does; archive checkpoints (never delete)."""
+    stop(config, local=local, progress=progress)
+    inv = take_inventory(config, ledger)
+    if inv.live or inv.apps:
+        raise OperationError(f"still running after stop: {inv.describe()}")
+    archived = list(op["data"].get("archived_checkpoints", []))
+    for inst in ledger.instances(config.pipeline):
+        moved = checkpoint.archive(inst.checkpoint_dir) if inst.checkpoint_dir else None
+        if moved:
+            archived.append(str(moved))
+    return ledger.move_operation(op["id"], RecoveryState.ARCHIVED.value, archived_checkpoints=archived)
+
+
+def _open_new_instance(config: RelayConfig, ledger: Ledger, op: dict) -> dict:
+    """Step 2, one transaction: old leases closed at their cursors, gaps, new instance at the targets.
+
+    The gaps start at the cursors read HERE, with nothing running, not at the plan's: the plan was
+    made while the old instance could still commit, and a gap over applied offsets would declare
+    applied records lost (the protocol model's STALE_RECOVERY_PLAN). For the same reason strategy
+    ``earliest`` resumes at the current cursor when the old instance moved past the planned target;
+    an explicit target below it is refused by the overlap check unless ``allow_reprocess``.
+    """
+    params, plan = op["params"], op["data"]["plan"]
+    why = params["reason"] or f"recovery with strategy {params['strategy']}"
+    previous = ledger.instances(config.pipeline)
+    with ledger.tx() as conn:
+        cursors: dict[int, int] = {}
+        for lease in ledger.pipeline_leases(config.pipeline, conn):
+            if lease.topic == config.topic and not lease.drained:
+                p = lease.partition
+                cursors[p] = min(cursors.get(p, lease.next_offset), lease.next_offset)
+                conn.execute(
+                    s.leases.update()
+                    .where(s.leases.c.id == lease.id)
+                    .values(end_offset=lease.next_offset, closed_at=time.time())
+                )
+        targets: dict[int, int] = {}
+        for pp in plan["partitions"]:
+            partition, target, cursor = pp["partition"], pp["target"], cursors.get(pp["partition"])
+            if cursor is not None and params["strategy"] == "earliest":
+                target = max(target, cursor)
+            targets[partition] = target
+            if cursor is None or target <= cursor:
+                continue
+            lost_end = max(cursor, min(pp["earliest"], target))
+            gap = (config.pipeline, config.topic, partition)
+            ledger.record_gap(
+                conn, *gap, cursor, lost_end, "lost", f"{why}: deleted by retention before it was applied"
+            )
+            ledger.record_gap(conn, *gap, lost_end, target, "skipped", f"{why}: skipped on purpose")
+        inst: Instance = ledger.create_instance(
+            conn,
+            config.pipeline,
+            params["version"],
+            previous[-1].color if previous else Color.BLUE,
+            "",
+            "",
+        )
+        ledger.set_instance(
+            inst.id,
+            conn,
+            checkpoint_dir=str(config.checkpoints_dir / f"instance-{inst.id}"),
+            app_name=app_name(config.pipeline, inst.id),
+        )
+        for partition, target in sorted(targets.items()):
+            ledger.open_lease(
+                conn, inst, config.topic, partition, target, allow_overlap=params["allow_reprocess"]
+            )
+        return ledger.move_operation(op["id"], RecoveryState.LEASED.value, conn=conn, instance_id=inst.id)

@@ -31,13 +31,17 @@ def stop_instance(
     """Ask one instance to stop between batches; kill and fence it if it does not within the timeout."""
     t0 = time.time()
     ledger.request_stop(inst.id)
-    while time.time() - t0 < timeout_s and driver_running(config, inst.submission_id):
+    while time.time() - t0 < timeout_s and driver_running(config, ledger.instance(inst.id).submission_id):
         time.sleep(0.5)
     graceful = _current_attempt_stopped(ledger, inst.id)
-    if driver_running(config, inst.submission_id):
-        progress(f"instance {inst.id} did not stop within {timeout_s:.0f}s: fencing and killing it")
-        ledger.fence(inst.id, f"did not stop within {timeout_s:.0f}s")
-        kill(config, inst.submission_id)
+    submission = ledger.instance(inst.id).submission_id  # follows a driver the master relaunched
+    if driver_running(config, submission):
+        if graceful:  # the attempt stopped between batches; only its process lingers
+            progress(f"instance {inst.id} stopped gracefully; ending its lingering driver {submission}")
+        else:
+            progress(f"instance {inst.id} did not stop within {timeout_s:.0f}s: fencing and killing it")
+            ledger.fence(inst.id, f"did not stop within {timeout_s:.0f}s")
+        kill(config, submission)
     current = ledger.instance(inst.id)
     if current.state.live:
         ledger.set_instance(inst.id, state=InstanceState.STOPPED if graceful else InstanceState.FENCED)

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from enum import Enum
 
 from relay.artifacts import artifact, build_artifact, validate_version
-from relay.audit import audit
+from relay.audit import AuditReport, audit
 from relay.config import RelayConfig
-from relay.errors import ConfigError, OperationError
+from relay.crashpoints import crash_point
+from relay.errors import ConfigError, KafkaError, OperationError
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import app_name, driver_running, kill, wait_until_active
 from relay.ledger import schema as s
@@ -72,7 +73,12 @@ def _handoff(
     with KafkaOffsets(config.kafka_bootstrap) as kafka:
         latest = kafka.latest(config.topic)
     with ledger.tx() as conn:
+        # Lock blue's row first: blue's commits lock it too, so no cursor moves while H is chosen.
+        blue = ledger.instance(blue.id, conn, lock=True)
+        if blue.state is not InstanceState.ACTIVE:
+            raise OperationError(f"blue (instance {blue.id}) is {blue.state.value}, not ACTIVE: no handoff")
         open_leases = [lease for lease in ledger.leases(blue.id, conn) if lease.end_offset is None]
+        blue_cursors = {str(lease.partition): lease.next_offset for lease in open_leases}
         h: dict[int, int] = {}
         for lease in open_leases:
             target = (explicit or latest).get(lease.partition, latest.get(lease.partition, lease.next_offset))
@@ -94,13 +100,16 @@ def _handoff(
             ledger.open_lease(conn, green, config.topic, partition, offset)
         ledger.set_instance(blue.id, conn, state=InstanceState.DRAINING)
         green = ledger.instance(green.id, conn)
-    ledger.move_operation(
-        op_id,
-        UpgradeState.GREEN_STARTING.value,
-        green_id=green.id,
-        handoff={str(p): o for p, o in h.items()},
-        handoff_at=time.time(),
-    )
+        # Same transaction: a crash can't leave the handoff done and the state at PREFLIGHT.
+        ledger.move_operation(
+            op_id,
+            UpgradeState.GREEN_STARTING.value,
+            conn=conn,
+            green_id=green.id,
+            blue_cursors=blue_cursors,
+            handoff={str(p): o for p, o in h.items()},
+            handoff_at=time.time(),
+        )
     return green
 
 
@@ -111,20 +120,21 @@ def _abort(config: RelayConfig, ledger: Ledger, op: dict, reason: str, progress:
         green = ledger.instance(green_id)
         ledger.fence(green_id, f"upgrade {op['id']} aborted: {reason}")  # from here green cannot commit
         kill(config, green.submission_id)
-        with ledger.tx() as conn:
+    with ledger.tx() as conn:
+        if green_id is not None:
             green_leases = ledger.leases(green_id, conn)
             if any(lease.next_offset != lease.start_offset for lease in green_leases):
                 raise OperationError("green committed while aborting: the upgrade must go forward")
             for lease in green_leases:
                 ledger.delete_lease(conn, lease)
-            blue_leases = ledger.leases(blue_id, conn)
-            handoff = {int(p): o for p, o in op["data"].get("handoff", {}).items()}
-            for lease in blue_leases:
-                if lease.end_offset is not None and handoff.get(lease.partition) == lease.end_offset:
-                    ledger.reopen_lease(conn, lease)
+        handoff = {int(p): o for p, o in op["data"].get("handoff", {}).items()}
+        for lease in ledger.leases(blue_id, conn):
+            if lease.end_offset is not None and handoff.get(lease.partition) == lease.end_offset:
+                ledger.reopen_lease(conn, lease)
+        if ledger.instance(blue_id, conn).state is InstanceState.DRAINING:
             ledger.set_instance(blue_id, conn, state=InstanceState.ACTIVE)
+        op = ledger.move_operation(op["id"], UpgradeState.ABORTED.value, error=reason, conn=conn)
     progress(f"upgrade {op['id']} ABORTED: {reason}; blue (instance {blue_id}) keeps running")
-    op = ledger.move_operation(op["id"], UpgradeState.ABORTED.value, error=reason)
     return _result(ledger, op)
 
 
@@ -239,7 +249,9 @@ def _drive(
         state = UpgradeState(op["state"])
         blue = ledger.instance(op["data"]["blue_id"])
         if state is UpgradeState.PREFLIGHT:
+            crash_point("upgrade.opened")
             green = _handoff(config, ledger, op["id"], blue, params["version"], explicit)
+            crash_point("upgrade.handed_off")
             progress(
                 f"handoff: blue closes at {ledger.operation(op['id'])['data']['handoff']}; green is "
                 f"instance {green.id}"
@@ -253,6 +265,7 @@ def _drive(
                     return _abort(
                         config, ledger, ledger.operation(op["id"]), f"green launch failed: {exc}", progress
                     )
+                crash_point("upgrade.green_submitted")
             elapsed = time.time() - op["data"].get("handoff_at", time.time())
             try:
                 wait_until_active(config, ledger, green.id, max(params["grace_s"] - elapsed, 1.0), progress)
@@ -267,6 +280,7 @@ def _drive(
                 green_first_commit_s=round(time.time() - op["data"]["handoff_at"], 2),
             )
             progress(f"green (instance {green.id}) committed; blue drains up to the handoff")
+            crash_point("upgrade.green_committed")
         elif state is UpgradeState.DRAINING_BLUE:
             t0 = time.time()
             deadline = t0 + params["drain_timeout_s"]
@@ -290,26 +304,42 @@ def _drive(
             ledger.move_operation(
                 op["id"], UpgradeState.STOPPING_BLUE.value, blue_drain_s=round(time.time() - t0, 2)
             )
+            crash_point("upgrade.blue_drained")
         elif state is UpgradeState.STOPPING_BLUE:
             stop_instance(config, ledger, blue, progress=progress)
+            crash_point("upgrade.blue_stopped")
             if not local:
                 green = ledger.instance(op["data"]["green_id"])
                 _verify_only(config, green)
             green_id = op["data"]["green_id"]
-            applied_until = {le.partition: le.next_offset for le in ledger.leases(green_id)}
-            report = audit(config, ledger, until=applied_until)
+            window = _audit_window(config, ledger, op)
             ledger.move_operation(
                 op["id"],
                 UpgradeState.DONE.value,
                 total_s=round(time.time() - op["data"]["started_at"], 2),
                 applied_by_blue=_applied_by(ledger, blue.id),
                 applied_by_green=_applied_by(ledger, green_id),
-                duplicates=sum(p.applied_twice_or_more for p in report.partitions),
-                gaps=sum(p.missing for p in report.partitions),
+                duplicates=window.totals["duplicates"],
+                gaps=window.totals["missing"],
+                audit_mode=window.mode,
             )
             progress(f"upgrade {op['id']} DONE: only instance {green_id} runs")
         op = ledger.operation(op["id"])
     return _result(ledger, op)
+
+
+def _audit_window(config: RelayConfig, ledger: Ledger, op: dict) -> AuditReport:
+    """Audit only what the upgrade touched, from blue's cursors at the handoff to green's cursors.
+
+    Deep (offset by offset against Kafka, so transaction markers are not mistaken for missing
+    records) and bounded by the upgrade's window, never the topic's whole history.
+    """
+    since = {int(p): o for p, o in op["data"].get("blue_cursors", {}).items()} or None
+    until = {le.partition: le.next_offset for le in ledger.leases(op["data"]["green_id"])}
+    try:
+        return audit(config, ledger, since=since, until=until, deep=True)
+    except KafkaError:
+        return audit(config, ledger, since=since, until=until)
 
 
 def _verify_only(config: RelayConfig, green: Instance, timeout_s: float = 60.0) -> None:

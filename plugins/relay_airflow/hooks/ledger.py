@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from relay.errors import ConfigError, LedgerError
 from relay.ledger.store import Ledger
+from sqlalchemy.engine import URL
 
 
 class LedgerHook(BaseHook):
@@ -41,8 +42,16 @@ class LedgerHook(BaseHook):
             return str(url)
         if not conn.host:
             raise ConfigError(f"connection {self.ledger_conn_id!r} has neither extra url nor host")
-        auth = f"{conn.login}:{conn.password}@" if conn.login else ""
-        return f"postgresql+psycopg2://{auth}{conn.host}:{conn.port or 5432}/{conn.schema or 'relay'}"
+        # URL.create encodes login and password: '@', '/' or ':' in a password cannot break the URL.
+        url = URL.create(
+            "postgresql+psycopg2",
+            username=conn.login or None,
+            password=(conn.password or None) if conn.login else None,
+            host=conn.host,
+            port=conn.port or 5432,
+            database=conn.schema or "relay",
+        )
+        return url.render_as_string(hide_password=False)
 
     def _get_client(self) -> Ledger:
         return Ledger(self.sqlalchemy_url())
@@ -53,7 +62,7 @@ class LedgerHook(BaseHook):
     def test_connection(self) -> tuple[bool, str]:
         ledger = self._get_client()
         try:
-            ledger.engine  # connects and checks/migrates the schema  # noqa: B018
+            ledger.engine  # connects; refuses a URL with no ledger; migrates an older one  # noqa: B018
         except (LedgerError, ConfigError) as exc:
             return False, str(exc)
         finally:

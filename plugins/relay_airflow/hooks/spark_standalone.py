@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseHook
 from relay.errors import SparkError
+from relay.spark_auth import RestSigner, read_secret_file
 from relay.spark_rest import SparkStandaloneClient
 
 
@@ -13,6 +15,8 @@ class SparkStandaloneHook(BaseHook):
     """Connection ``relay_spark``: host/port of the master's web UI; extras ``rest_url``, ``master_url``.
 
     Without ``rest_url`` the REST server is assumed on the same host at port 6066 (Spark's default).
+    The REST server's signing key (its JWS filter answers 403 to unsigned requests) is the
+    connection's password (masked by Airflow) or the file named by extra ``rest_secret_file``.
     """
 
     conn_name_attr = "spark_conn_id"
@@ -29,11 +33,13 @@ class SparkStandaloneHook(BaseHook):
     @staticmethod
     def get_ui_field_behaviour() -> dict[str, Any]:
         return {
-            "hidden_fields": ["schema", "login", "password"],
+            "hidden_fields": ["schema", "login"],
+            "relabeling": {"password": "REST signing key (base64url)"},
             "placeholders": {
                 "host": "127.0.0.1 (master web UI)",
                 "port": "8080",
-                "extra": '{"rest_url": "http://127.0.0.1:6066", "master_url": "spark://127.0.0.1:7077"}',
+                "extra": '{"rest_url": "http://127.0.0.1:6066", "master_url": "spark://127.0.0.1:7077", '
+                '"rest_secret_file": "/path/to/spark-rest.key"}',
             },
         }
 
@@ -50,9 +56,28 @@ class SparkStandaloneHook(BaseHook):
             "master_url": str(extra.get("master_url") or f"spark://{bare}:7077"),
         }
 
+    def rest_secret(self) -> tuple[str, Path | None]:
+        """(key text, key file): the password wins over the file; "" when there is no key (yet).
+
+        A named file that does not exist yet (the stack generates it at its first ``up``) gives no
+        key: requests go unsigned and a protected REST server answers 403, saying what to set.
+        """
+        conn = self.get_connection(self.spark_conn_id)
+        if conn.password:
+            return conn.password, None
+        raw = conn.extra_dejson.get("rest_secret_file")
+        if not raw:
+            return "", None
+        path = Path(raw)
+        return (read_secret_file(path) if path.exists() else ""), path
+
     def _get_client(self) -> SparkStandaloneClient:
         urls = self.urls()
-        return SparkStandaloneClient(urls["master_ui_url"], urls["rest_url"], self.timeout_s)
+        key, where = self.rest_secret()
+        signer = (
+            RestSigner.from_text(key, str(where or f"the password of {self.spark_conn_id}")) if key else None
+        )
+        return SparkStandaloneClient(urls["master_ui_url"], urls["rest_url"], self.timeout_s, signer)
 
     def get_conn(self) -> SparkStandaloneClient:
         """The client, built once per hook (lazily: no network call before first use)."""

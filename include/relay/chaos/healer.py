@@ -1,0 +1,163 @@
+"""Notice when the pipeline will not come back by itself, and do what a person would: stop, deploy.
+
+Why this exists: some faults leave nothing running that Spark would relaunch (a crash loop makes
+the driver give up on purpose; a restarted master without recovery state knows no driver). Each
+redeploy done here is counted as a human action, with the reason it was needed, so the table says
+what a self-healing platform still has to learn.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from relay.chaos import procs
+from relay.chaos.observe import CommitWatcher
+from relay.config import RelayConfig
+from relay.errors import RelayError
+from relay.spark_rest import DriverState
+
+Progress = Callable[[str], None]
+LIVE_STATES = ("STARTING", "ACTIVE", "DRAINING")
+NO_DRIVER_S = 30.0  # nothing runs nor waits to run a driver for this long: nobody will relaunch it
+
+
+@dataclass
+class HumanAction:
+    """One thing the tool did that a self-healing stack should have done by itself."""
+
+    kind: str
+    reason: str
+    at: float
+    seconds: float | None = None
+    ok: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PipelineHealer:
+    """Watches the pipeline from the outside every ``interval_s``; redeploys it when it is dead."""
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        watcher: CommitWatcher,
+        worker_pid: Callable[[], int | None],
+        busy: Callable[[], bool],
+        stall_s: float,
+        progress: Progress,
+        interval_s: float = 2.0,
+    ) -> None:
+        self.config = config
+        self.watcher = watcher
+        self.worker_pid = worker_pid
+        self.busy = busy
+        self.stall_s = stall_s
+        self.progress = progress
+        self.interval_s = interval_s
+        self.actions: list[HumanAction] = []
+        self._since_alive = time.time()  # last moment a driver ran or waited to run
+        self._since_action = time.time()
+        self._since_busy = time.time()  # last moment the stack was being restarted or locked
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-healer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 600) -> None:
+        """Stop watching; a redeploy in progress may finish within ``timeout_s`` (bounded by its waits)."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def _driver_somewhere(self) -> bool | None:
+        """A driver JVM runs in the worker's session, or the master holds one to (re)launch.
+
+        None when the master cannot be asked (it may be restarting): no decision then. RELAUNCHING is
+        not counted: after a worker dies the old driver id stays RELAUNCHING forever while the master
+        relaunches it under a new id (which is SUBMITTED, then RUNNING).
+        """
+        worker = self.worker_pid()
+        if worker and procs.driver_jvms(worker):
+            return True
+        from relay.launcher import spark_client
+
+        client = spark_client(self.config)  # signs REST requests when the master requires it
+        try:
+            state = client.master_state()
+        except RelayError:
+            return None
+        finally:
+            client.close()
+        if not state.alive:
+            return None
+        return any(d.state in (DriverState.SUBMITTED, DriverState.RUNNING) for d in state.active_drivers)
+
+    def diagnose(self) -> str | None:
+        """Why the pipeline needs a person now, or None when it is running or will recover by itself."""
+        if self.busy():
+            # The ledger is locked on purpose, or a part is being restarted (by the tool, i.e. by a
+            # person): the pipeline gets its chance once the stack is whole again.
+            self._since_alive = self._since_busy = time.time()
+            return None
+        states = self.watcher.instance_states()
+        if not states:
+            return None
+        live = [st for st in states if st[1] in LIVE_STATES]
+        if not live:
+            last = states[-1]
+            return f"instance {last[0]} is {last[1]}: {(last[2] or '')[:160]}"
+        now = time.time()
+        alive = self._driver_somewhere()
+        if alive is None or alive:
+            self._since_alive = now
+        elif now - self._since_alive > NO_DRIVER_S:
+            return (
+                f"instance {live[-1][0]} is {live[-1][1]} in the ledger but no driver runs or waits "
+                f"to run for {now - self._since_alive:.0f}s"
+            )
+        last = max(self.watcher.last_commit_at or 0.0, self._since_action, self._since_busy)
+        if now - last > self.stall_s:
+            return f"no batch committed for {now - last:.0f}s"
+        return None
+
+    def redeploy(self, reason: str) -> HumanAction:
+        """``relay stop`` then ``relay deploy``: what the runbook says to do with a dead pipeline."""
+        from relay.operations.deploy import deploy
+        from relay.operations.stop import stop
+
+        action = HumanAction("pipeline", reason, time.time())
+        self.progress(f"pipeline needs a human: {reason}; running stop + deploy")
+        try:
+            try:
+                stop(self.config, timeout_s=20, progress=self.progress)
+            except RelayError as exc:
+                self.progress(f"stop before redeploy: {exc}")
+            info = deploy(self.config, version="v1", wait_s=300, progress=self.progress)
+            action.ok = True
+            self.progress(
+                f"redeployed: instance {info['instance_id']} committed after {info['first_commit_s']}s"
+            )
+        except RelayError as exc:
+            action.error = f"{type(exc).__name__}: {exc}"[:500]
+            self.progress(f"redeploy failed (will look again): {action.error}")
+        action.seconds = round(time.time() - action.at, 2)
+        self._since_action = self._since_alive = time.time()
+        self.actions.append(action)
+        return action
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                reason = self.diagnose()
+                if reason is not None:
+                    self.redeploy(reason)
+            except Exception as exc:  # noqa: BLE001 - the watchdog itself must keep watching
+                self.progress(f"healer: {type(exc).__name__}: {exc}")
+            self._stop.wait(self.interval_s)

@@ -1,0 +1,76 @@
+"""The scheduled health check of one pipeline (DAG ``relay_health`` and ``relay health``).
+
+Health compares the ledger's inside view (instances, attempts, leases, batches) with the outside views
+(the Spark master's applications, Kafka's offsets) and turns every finding into a :class:`Check` with
+a level and a next step an operator can run. It never raises because something is down: a job that is
+not running, an unreachable broker or master are exactly what it must report. Each check is a small
+pure function over plain inputs, so the rules are unit-tested on real ledgers without a cluster.
+
+Progress follows Burrow's consumer-lag evaluation rules (OK, WARN, STALL, STOP, ERR) over a sliding
+window of the cursor history (the ``batches`` table) and the lag history (previous health reports).
+
+Modules: ``report`` (levels, Check, HealthReport, Thresholds), ``checks_instance`` (single instance,
+driver), ``checks_progress`` (Burrow's rules, rates), ``checks_kafka`` (lag, retention),
+``checks_batches`` (latency, dead letters), ``run`` (``run_health``). Everything callers used from the
+former single module is re-exported here.
+"""
+
+from relay.health.checks_batches import check_dead_letters, check_latency
+from relay.health.checks_instance import (
+    check_driver,
+    check_single_instance,
+    instance_of_app,
+    is_upgrade,
+    live_attempts,
+)
+from relay.health.checks_kafka import check_lag, check_retention
+from relay.health.checks_progress import (
+    check_progress,
+    cursor_moves,
+    earliest_rates,
+    history_samples,
+    produce_rates,
+    window_samples,
+)
+from relay.health.report import (
+    DEPLOY,
+    REFUSAL_WINDOW_S,
+    REPORT_KIND,
+    STOP,
+    Check,
+    HealthReport,
+    Level,
+    PartitionStatus,
+    RunState,
+    Thresholds,
+)
+from relay.health.run import run_health
+
+__all__ = [
+    "DEPLOY",
+    "REFUSAL_WINDOW_S",
+    "REPORT_KIND",
+    "STOP",
+    "Check",
+    "HealthReport",
+    "Level",
+    "PartitionStatus",
+    "RunState",
+    "Thresholds",
+    "check_dead_letters",
+    "check_driver",
+    "check_lag",
+    "check_latency",
+    "check_progress",
+    "check_retention",
+    "check_single_instance",
+    "cursor_moves",
+    "earliest_rates",
+    "history_samples",
+    "instance_of_app",
+    "is_upgrade",
+    "live_attempts",
+    "produce_rates",
+    "run_health",
+    "window_samples",
+]

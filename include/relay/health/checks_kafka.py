@@ -1,0 +1,174 @@
+"""Checks against Kafka's offsets: lag per partition, and the retention margin of the cursor."""
+
+from __future__ import annotations
+
+from relay.health.checks_progress import consume_rates
+from relay.health.report import DEPLOY, Check, Level, fmt_s
+
+#: How ``lag_seconds`` was obtained, as the report names it (None: no honest figure).
+LAG_AGE = "record_timestamp"  # now - timestamp of the oldest unapplied record (read at the cursor)
+LAG_DRAIN = "consume_rate"  # lag / the rate the cursor moved while recent batches ran
+CAUGHT_UP = "caught_up"
+
+
+def check_lag(
+    offsets: list[dict],
+    batches: list[dict],
+    now: float,
+    window_s: float = 300.0,
+    warn_records: int = 100_000,
+    warn_seconds: float = 300.0,
+    topic: str | None = None,
+    waiting: dict[int, float | None] | None = None,
+    trigger_seconds: float = 0.0,
+) -> Check:
+    """Lag per partition in records and in seconds, naming how the seconds were obtained.
+
+    Seconds come from the timestamp of the oldest unapplied record when it could be read (``waiting``:
+    how long that record has waited; the most honest figure, no extrapolation), else from the lag and
+    the rate the cursor moved while the window's batches ran (:func:`consume_rates`), else unknown.
+    Never from a rate averaged over a window that a recent burst dominates: "12.3 min" for a burst
+    produced 5 s earlier was that mistake.
+    """
+    topic = topic or (offsets[0]["topic"] if offsets else "")
+    rates = consume_rates(batches, topic, now - window_s, trigger_seconds)
+    parts, over = [], []
+    for row in offsets:
+        p, lag = int(row["partition"]), row.get("lag")
+        rate = rates.get(p, 0.0)
+        age = (waiting or {}).get(p)
+        seconds: float | None
+        if lag == 0:
+            seconds, method = 0.0, CAUGHT_UP
+        elif lag is not None and age is not None:
+            seconds, method = age, LAG_AGE
+        elif lag is not None and rate > 0:
+            seconds, method = lag / rate, LAG_DRAIN
+        else:
+            seconds, method = None, None
+        parts.append(
+            {
+                "partition": p,
+                "lag": lag,
+                "rate_per_s": round(rate, 3),
+                "lag_seconds": None if seconds is None else round(seconds, 1),
+                "lag_seconds_method": method,
+            }
+        )
+        if lag is not None and (lag > warn_records or (seconds is not None and seconds > warn_seconds)):
+            how = {LAG_AGE: "oldest unapplied record", LAG_DRAIN: "at the recent consume rate"}.get(
+                method or "", "seconds unknown"
+            )
+            over.append(f"[{p}] {lag} records ({fmt_s(seconds)}, {how})")
+    total = sum(int(d["lag"] or 0) for d in parts)
+    methods = sorted(
+        {d["lag_seconds_method"] for d in parts if d["lag_seconds_method"] not in (None, CAUGHT_UP)}
+    )
+    data = {
+        "partitions": parts,
+        "total": total,
+        "warn_records": warn_records,
+        "warn_seconds": warn_seconds,
+        "seconds_methods": methods,
+    }
+    if over:
+        return Check(
+            "lag",
+            Level.WARN,
+            f"lag above {warn_records} records or {fmt_s(warn_seconds)}: " + ", ".join(over),
+            data,
+            "check progress; if the job keeps up too slowly raise RELAY_MAX_OFFSETS_PER_TRIGGER or cores",
+        )
+    worst = max((d for d in parts if d["lag_seconds"]), key=lambda d: d["lag_seconds"], default=None)
+    behind = (
+        f", at most {fmt_s(worst['lag_seconds'])} behind ({worst['lag_seconds_method']})" if worst else ""
+    )
+    return Check("lag", Level.OK, f"total lag {total} records{behind}", data)
+
+
+def check_retention(
+    offsets: list[dict],
+    retention_ms: int | None,
+    produce: dict[int, float | None],
+    earliest_rate: dict[int, float | None],
+    consume: dict[int, float],
+    interval_s: float = 300.0,
+    config_error: str | None = None,
+    waiting: dict[int, float | None] | None = None,
+) -> Check:
+    """Margin (cursor - earliest) per partition and an honest estimate of the time before retention
+    overtakes the cursor. Two estimates, the smaller wins, None when neither can be made:
+
+    * age: the record at the cursor expires ``retention.ms`` after it was produced (time-based
+      retention, segment granularity aside). Its age is its timestamp when it could be read
+      (``waiting``), else ``lag / produce_rate``: the fallback overstates the age after a burst
+      (the rate is averaged over the history), which errs towards an early warning;
+    * chase: the earliest offset advances at the rate retention removed records over the history,
+      the cursor at the consumption rate; the margin closes at the difference.
+    """
+    retention_s = retention_ms / 1000 if retention_ms is not None and retention_ms >= 0 else None
+    parts, invalid, short = [], [], []
+    for row in offsets:
+        p, cursor, lag = int(row["partition"]), row.get("cursor"), row.get("lag")
+        earliest = int(row["earliest"])
+        if cursor is None:
+            parts.append({"partition": p, "margin": None, "time_left_s": None, "invalidated": False})
+            continue
+        margin = cursor - earliest
+        estimates: list[float] = []
+        age: float | None = None
+        age_method: str | None = None
+        if margin < 0:
+            invalid.append(f"[{p}] cursor {cursor} < earliest {earliest} ({-margin} records gone)")
+        elif lag:
+            rate_p, known = produce.get(p), (waiting or {}).get(p)
+            age = known if known is not None else (lag / rate_p if rate_p else None)
+            age_method = None if age is None else (LAG_AGE if known is not None else "produce_rate")
+            if retention_s is not None and age is not None:
+                estimates.append(retention_s - age)
+            chase = (earliest_rate.get(p) or 0.0) - consume.get(p, 0.0)
+            if chase > 0:
+                estimates.append(margin / chase)
+        left = max(min(estimates), 0.0) if estimates else None
+        parts.append(
+            {
+                "partition": p,
+                "margin": margin,
+                "time_left_s": None if left is None else round(left, 1),
+                "invalidated": margin < 0,
+                "produce_rate": produce.get(p),
+                "consume_rate": consume.get(p, 0.0),
+                "cursor_age_s": None if age is None else round(age, 1),
+                "cursor_age_method": age_method,
+            }
+        )
+        if left is not None and left < 2 * interval_s:
+            short.append(f"[{p}] {fmt_s(left)} left (margin {margin} records)")
+    data = {
+        "partitions": parts,
+        "retention_ms": retention_ms,
+        "interval_s": interval_s,
+        "config_error": config_error,
+        "suggested_strategy": "earliest" if invalid else None,
+    }
+    if invalid:
+        return Check(
+            "retention",
+            Level.CRITICAL,
+            "invalidated: retention removed records the pipeline had not read: " + ", ".join(invalid),
+            data,
+            "run the recovery DAG relay_recover (strategy earliest; dry-run first to see the plan)",
+        )
+    if short:
+        return Check(
+            "retention",
+            Level.WARN,
+            "retention will overtake the cursor within 2 health intervals: " + ", ".join(short),
+            data,
+            f"make sure the job runs and keeps up ({DEPLOY} if down), or raise the topic's retention.ms",
+        )
+    note = "" if retention_s is not None else " (retention.ms unknown or infinite)"
+    margins = [d["margin"] for d in parts if d["margin"] is not None]
+    return Check(
+        "retention", Level.OK, f"smallest margin {min(margins) if margins else 'n/a'} records{note}", data
+    )

@@ -1,0 +1,263 @@
+"""Progress: Burrow's evaluation rules (OK, WARN, STALL, STOP, ERR) over the cursor history.
+
+The cursor history is the ledger's ``batches`` table; the lag history is the offsets that previous
+health reports persisted. Rates derived from both are shared with the lag and retention checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relay.health.report import (
+    DEPLOY,
+    STOP,
+    Check,
+    Level,
+    PartitionStatus,
+    RunState,
+    fmt_s,
+)
+
+_PROGRESS_LEVEL = {
+    PartitionStatus.OK: Level.OK,
+    PartitionStatus.UNOWNED: Level.OK,
+    PartitionStatus.WARN: Level.WARN,
+    PartitionStatus.STALL: Level.CRITICAL,
+    PartitionStatus.STOP: Level.CRITICAL,
+    PartitionStatus.ERR: Level.CRITICAL,
+}
+
+
+def cursor_moves(batches: list[dict], topic: str, since: float) -> dict[int, int]:
+    """Records the cursor moved per partition in batches committed after ``since`` (from the ledger)."""
+    moved: dict[int, int] = {}
+    for b in batches:
+        if b["committed_at"] < since:
+            continue
+        for r in b.get("ranges") or []:
+            if r.get("topic") == topic:
+                p = int(r["partition"])
+                moved[p] = moved.get(p, 0) + max(int(r["to"]) - int(r["from"]), 0)
+    return moved
+
+
+def last_moves(batches: list[dict], topic: str) -> dict[int, float]:
+    """Commit time of the newest batch that moved each partition's cursor (among ``batches``)."""
+    last: dict[int, float] = {}
+    for b in batches:
+        for r in b.get("ranges") or []:
+            if r.get("topic") == topic and int(r["to"]) > int(r["from"]):
+                p = int(r["partition"])
+                last[p] = max(last.get(p, 0.0), float(b["committed_at"]))
+    return last
+
+
+def consume_rates(
+    batches: list[dict], topic: str, since: float, trigger_seconds: float = 0.0
+) -> dict[int, float]:
+    """Records/s each partition's cursor moved while batches ran, over batches committed after ``since``.
+
+    Why not records moved / window: a pipeline that idled for most of the window (nothing to read)
+    and then took a burst would show a rate many times too low, and a lag in seconds many times too
+    high. Each batch counts for its own duration, or one trigger interval when it was faster (the
+    cadence at which a backlogged job can take batches).
+    """
+    moved: dict[int, int] = {}
+    busy: dict[int, float] = {}
+    for b in batches:
+        if b["committed_at"] < since:
+            continue
+        took = max(float(b["committed_at"]) - float(b["started_at"]), trigger_seconds, 1e-3)
+        for r in b.get("ranges") or []:
+            n = int(r["to"]) - int(r["from"])
+            if r.get("topic") == topic and n > 0:
+                p = int(r["partition"])
+                moved[p] = moved.get(p, 0) + n
+                busy[p] = busy.get(p, 0.0) + took
+    return {p: moved[p] / busy[p] for p in moved}
+
+
+def waiting_bound(p: int, cursor: int, samples: list[dict], now: float) -> float | None:
+    """Upper bound of how long the record at ``cursor`` has existed, from earlier health samples.
+
+    A sample whose latest offset was still at or below the cursor was taken before that record was
+    written: records cannot have waited longer than since that sample. None without such a sample.
+    """
+    empty = [s["at"] for s in samples if p in s["offsets"] and int(s["offsets"][p]["latest"]) <= cursor]
+    return max(now - max(empty), 0.0) if empty else None
+
+
+def history_samples(reports: list[dict]) -> list[dict]:
+    """Offsets per partition seen by previous health reports, oldest first: ``[{at, offsets: {p: row}}]``."""
+    out = []
+    for r in reports:
+        body = r.get("body") or {}
+        rows = (body.get("data") or {}).get("offsets")
+        if rows:
+            out.append(
+                {
+                    "at": float(body.get("created_at") or r["created_at"]),
+                    "offsets": {int(row["partition"]): row for row in rows},
+                }
+            )
+    return sorted(out, key=lambda s: s["at"])
+
+
+def window_samples(samples: list[dict], now: float, window_s: float) -> list[dict]:
+    """The samples inside the window, preceded by the last one before it (the window's baseline)."""
+    start = now - window_s
+    before = [s for s in samples if s["at"] <= start]
+    inside = [s for s in samples if start < s["at"] < now]
+    return ([before[-1]] if before else []) + inside
+
+
+def _offset_rates(
+    offsets: list[dict], samples: list[dict], now: float, field: str
+) -> dict[int, float | None]:
+    """Records/s by which ``field`` (latest or earliest) moved per partition since the oldest sample."""
+    rates: dict[int, float | None] = {}
+    for row in offsets:
+        p = int(row["partition"])
+        old = next((s for s in samples if p in s["offsets"]), None)
+        if old is None or now - old["at"] <= 0:
+            rates[p] = None
+        else:
+            rates[p] = max(int(row[field]) - int(old["offsets"][p][field]), 0) / (now - old["at"])
+    return rates
+
+
+def produce_rates(offsets: list[dict], samples: list[dict], now: float) -> dict[int, float | None]:
+    """Records/s written per partition since the oldest sample (None without history)."""
+    return _offset_rates(offsets, samples, now, "latest")
+
+
+def earliest_rates(offsets: list[dict], samples: list[dict], now: float) -> dict[int, float | None]:
+    """Records/s retention removed per partition since the oldest sample (None without history)."""
+    return _offset_rates(offsets, samples, now, "earliest")
+
+
+def check_progress(
+    offsets: list[dict],
+    batches: list[dict],
+    samples: list[dict],
+    run_state: RunState,
+    now: float,
+    window_s: float = 300.0,
+    active_since: float | None = None,
+    topic: str | None = None,
+    waiting: dict[int, float | None] | None = None,
+) -> Check:
+    """Burrow's rules per partition over the window.
+
+    ERR when the cursor is below the earliest offset; STOP when the job is down with lag; WARN when the
+    cursor moves but the lag grew over every sample of the window; STALL when the job runs with lag,
+    the cursor did not move in the window, and it has been stuck for at least a whole window; OK
+    otherwise.
+
+    "Stuck for" is the smallest of what is known, never more than the pipeline's history: the time
+    since the partition's cursor last moved; since ``active_since`` (the current attempt's first
+    commit, or its start while it has none: a driver takes 20-40 s to its first batch, and a slow
+    first start must not count as a stall once it committed); and since records have been waiting at
+    the cursor (``waiting``: the age of the oldest unapplied record, else a bound from earlier
+    samples). Without these bounds a pipeline deployed 13 s earlier, or idle until a burst arrived
+    5 s earlier, was reported "STALL 5.0 min".
+    """
+    topic = topic or (offsets[0]["topic"] if offsets else "")
+    moves = cursor_moves(batches, topic, now - window_s)
+    last = last_moves(batches, topic)
+    window = window_samples(samples, now, window_s)
+    history_s = None if active_since is None else max(now - active_since, 0.0)
+    parts: list[dict[str, Any]] = []
+    for row in offsets:
+        p, cursor, lag = int(row["partition"]), row.get("cursor"), row.get("lag")
+        earliest = int(row["earliest"])
+        lags = [
+            int(s["offsets"][p]["lag"])
+            for s in window
+            if p in s["offsets"] and s["offsets"][p].get("lag") is not None
+        ]
+        advanced = moves.get(p, 0) > 0
+        known_wait = (waiting or {}).get(p)
+        bound = None if cursor is None else waiting_bound(p, cursor, samples, now)
+        waited = min((w for w in (known_wait, bound) if w is not None), default=None)
+        bounds = [now - last[p]] if p in last else []
+        bounds += [b for b in (history_s, waited) if b is not None]
+        stalled_s = min(bounds) if bounds else None  # None: nothing bounds it (no live attempt known)
+        growing = (
+            lag is not None
+            and len(lags) >= 1
+            and all(b > a for a, b in zip(lags + [lag], (lags + [lag])[1:]))
+        )
+        if cursor is None:
+            status = PartitionStatus.UNOWNED
+        elif cursor < earliest:
+            status = PartitionStatus.ERR
+        elif not lag:
+            status = PartitionStatus.OK
+        elif run_state is RunState.DOWN:
+            status = PartitionStatus.STOP
+        elif advanced:
+            status = PartitionStatus.WARN if growing else PartitionStatus.OK
+        elif run_state is RunState.UNKNOWN:
+            status = PartitionStatus.OK
+        else:
+            status = (
+                PartitionStatus.STALL if stalled_s is None or stalled_s >= window_s else PartitionStatus.OK
+            )
+        parts.append(
+            {
+                "partition": p,
+                "status": status.value,
+                "cursor": cursor,
+                "lag": lag,
+                "moved_in_window": moves.get(p, 0),
+                "lag_history": lags,
+                "stalled_s": None if stalled_s is None or advanced or not lag else round(stalled_s, 1),
+                "waiting_s": None if waited is None else round(waited, 1),
+            }
+        )
+    by_status: dict[PartitionStatus, list[int]] = {}
+    for d in parts:
+        by_status.setdefault(PartitionStatus(d["status"]), []).append(d["partition"])
+    data = {
+        "window_s": window_s,
+        "partitions": parts,
+        "run_state": run_state.value,
+        "active_since": active_since,
+        "history_s": None if history_s is None else round(history_s, 1),
+    }
+    level = Level.worst([_PROGRESS_LEVEL[st] for st in by_status])
+    msgs, actions = [], []
+    if PartitionStatus.ERR in by_status:
+        msgs.append(
+            f"ERR on partition(s) {by_status[PartitionStatus.ERR]}: the cursor is below the earliest "
+            "offset, retention removed records the pipeline had not read"
+        )
+        actions.append("run the recovery DAG relay_recover (strategy earliest; dry-run first)")
+    if PartitionStatus.STOP in by_status:
+        msgs.append(
+            f"STOP on partition(s) {by_status[PartitionStatus.STOP]}: messages are waiting and nothing "
+            "reads them"
+        )
+        actions.append(DEPLOY)
+    if PartitionStatus.STALL in by_status:
+        stuck = ", ".join(
+            f"[{d['partition']}] for "
+            + (fmt_s(d["stalled_s"]) if d["stalled_s"] is not None else f"over {fmt_s(window_s)}")
+            for d in parts
+            if d["status"] == PartitionStatus.STALL.value
+        )
+        msgs.append(
+            f"STALL on partition(s) {by_status[PartitionStatus.STALL]}: the job runs and records are "
+            f"waiting, but the cursor has not moved ({stuck})"
+        )
+        actions.append(f"read the driver log; if it hangs, {STOP} then {DEPLOY}")
+    if PartitionStatus.WARN in by_status:
+        msgs.append(
+            f"falling behind on partition(s) {by_status[PartitionStatus.WARN]}: the cursor moves but the "
+            "lag grows"
+        )
+        actions.append("raise RELAY_MAX_OFFSETS_PER_TRIGGER or the worker's cores, or lower the produce rate")
+    if not msgs:
+        msgs.append("every partition is caught up or moving" if parts else "no offsets to evaluate")
+    return Check("progress", level, "; ".join(msgs), data, "; ".join(actions) or None)

@@ -1,0 +1,63 @@
+"""What ``relay stack up`` prepares before and after starting the parts: private files and the ledger.
+
+Why apart from :mod:`relay.stack` (which starts and stops processes): these are the security
+defaults of the embedded stack. The data dir is private (0700: it holds the ledger, the keys and
+the Airflow password); the REST submission server's signing key is generated once (0600) and given
+to the master in a 0600 properties file, never on its command line; the configured ledger is created
+here, because opening a ledger anywhere else never creates one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relay.config import RelayConfig
+from relay.errors import LedgerError, StackError
+from relay.ledger.engine import create_ledger, safe_url
+from relay.postgres_local import restrict_dir
+from relay.secret_files import write_private
+from relay.spark_auth import ensure_secret_file, master_properties, read_secret_file
+
+REST_UNPROTECTED = (
+    "the REST submission server accepts unsigned requests (started without the JWS filter): "
+    "stop the stack and start it again"
+)
+
+
+def prepare_data_dir(config: RelayConfig, progress: Callable[[str], None]) -> None:
+    """The data dir 0700 and the REST server's signing key (generated on the first ``up`` only)."""
+    config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    restrict_dir(config.data_dir)
+    config.logs_dir.mkdir(parents=True, exist_ok=True)
+    if ensure_secret_file(config.spark_rest_secret_path):
+        progress(f"generated the Spark REST signing key in {config.spark_rest_secret_path}")
+
+
+def master_properties_file(config: RelayConfig) -> Path:
+    """The master's REST settings and signing key, in a 0600 file it reads at start.
+
+    A file, not ``-D`` options in SPARK_MASTER_OPTS: a JVM's options show in ``ps`` and in the
+    master's log. Rewritten at each start from the key file (the key itself never changes).
+    """
+    props = {
+        "spark.master.rest.enabled": "true",
+        "spark.master.rest.port": str(config.ports.spark_rest),
+        "spark.master.rest.host": config.host,
+        **master_properties(read_secret_file(config.spark_rest_secret_path)),
+    }
+    path = config.secrets_dir / "spark-master.properties"
+    write_private(path, "".join(f"{k}={v}\n" for k, v in props.items()))
+    return path
+
+
+def ensure_ledger(config: RelayConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Create the configured ledger when it does not exist (``up`` is an explicit create)."""
+    try:
+        created = create_ledger(config.ledger_url)
+    except LedgerError as exc:
+        raise StackError(f"ledger: {exc}") from exc
+    where = safe_url(config.ledger_url)
+    progress(f"ledger: {'created' if created else 'found'} at {where}")
+    return {"url": where, "created": created}

@@ -1,0 +1,129 @@
+"""The relaykafka source's options, validated once into frozen settings.
+
+Why a module of its own: the options are the source's user interface (Spark's Kafka option names,
+plus Relay's ledger guard), checked when the query starts so a typo fails there and not in a task.
+The settings object is small and picklable: it travels to executors inside the reader.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kafka_offsets_plan import SOURCE_NAME, parse_starting_offsets
+from relay.errors import ConfigError
+
+DEFAULT_LEDGER_URL_ENV = "RELAY_LEDGER_URL"
+
+
+def ledger_url_from_env(name: str) -> str:
+    """The ledger URL held by environment variable ``name`` (set by Relay in the submission)."""
+    url = os.environ.get(name, "").strip()
+    if not url:
+        raise ConfigError(f"{SOURCE_NAME} source: environment variable {name} (the ledger URL) is not set")
+    return url
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """The validated options. Frozen and picklable: it travels to executors inside the reader."""
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    starting_offsets: str = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    poll_timeout_ms: int = 10_000
+    isolation_level: str = "read_uncommitted"
+    check_crcs: bool = True
+    ledger_url_env: str | None = None
+    """Name of the environment variable holding the ledger URL (a URL may hold a password, and
+    Spark options end up in logs and plans, so the URL itself is never an option)."""
+    instance_id: int | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SourceSettings:
+        """Validate Spark's option map; keys arrive lower-cased, so every lookup ignores case."""
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+
+        def req(key: str) -> str:
+            value = opts.get(key.lower(), "").strip()
+            if not value:
+                raise ConfigError(f"{SOURCE_NAME} source: option '{key}' is required")
+            return value
+
+        def as_int(key: str, default: int | None, minimum: int) -> int | None:
+            raw = opts.get(key.lower())
+            if raw is None or raw.strip() == "":
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(
+                    f"{SOURCE_NAME} source: option '{key}' must be an integer, got {raw!r}"
+                ) from None
+            if value < minimum:
+                raise ConfigError(f"{SOURCE_NAME} source: option '{key}' must be >= {minimum}, got {value}")
+            return value
+
+        def as_bool(key: str, default: bool) -> bool:
+            raw = opts.get(key.lower())
+            if raw is None:
+                return default
+            if raw.strip().lower() in ("true", "false"):
+                return raw.strip().lower() == "true"
+            raise ConfigError(f"{SOURCE_NAME} source: option '{key}' must be true or false, got {raw!r}")
+
+        topics = tuple(dict.fromkeys(t.strip() for t in req("subscribe").split(",") if t.strip()))
+        if not topics:
+            raise ConfigError(f"{SOURCE_NAME} source: option 'subscribe' names no topic")
+        isolation = opts.get("kafka.isolation.level", "read_uncommitted").strip()
+        if isolation not in ("read_uncommitted", "read_committed"):
+            raise ConfigError(
+                f"{SOURCE_NAME} source: kafka.isolation.level must be read_uncommitted or read_committed"
+            )
+        if "relay.ledgerurl" in opts:
+            raise ConfigError(
+                f"{SOURCE_NAME} source: relay.ledgerUrl is not accepted (Spark options are logged and a "
+                "ledger URL may hold a password); set relay.ledgerUrlEnv to the name of an environment "
+                f"variable holding it (default {DEFAULT_LEDGER_URL_ENV})"
+            )
+        instance_id = as_int("relay.instanceId", None, 0)
+        ledger_url_env = opts.get("relay.ledgerurlenv", "").strip() or None
+        if instance_id is None and ledger_url_env is not None:
+            raise ConfigError(f"{SOURCE_NAME} source: relay.ledgerUrlEnv needs relay.instanceId")
+        if instance_id is not None:
+            ledger_url_env = ledger_url_env or DEFAULT_LEDGER_URL_ENV
+            ledger_url_from_env(ledger_url_env)  # fail when the query is defined, not in a batch
+        settings = cls(
+            bootstrap_servers=req("kafka.bootstrap.servers"),
+            topics=topics,
+            starting_offsets=opts.get("startingoffsets", "latest").strip(),
+            max_offsets_per_trigger=as_int("maxOffsetsPerTrigger", None, 1),
+            fail_on_data_loss=as_bool("failOnDataLoss", True),
+            poll_timeout_ms=as_int("pollTimeoutMs", 10_000, 1) or 10_000,
+            isolation_level=isolation,
+            check_crcs=as_bool("kafka.check.crcs", True),
+            ledger_url_env=ledger_url_env,
+            instance_id=instance_id,
+        )
+        parse_starting_offsets(settings.starting_offsets, settings.topics)  # fail at definition time
+        return settings
+
+    def consumer_config(self, client_id: str) -> dict[str, Any]:
+        """Consumer settings shared by planner and readers: no group, no commits, never auto-reset.
+
+        ``auto_offset_reset='none'`` matters: with 'earliest' kafka-python silently skips deleted
+        records (PLATFORM.md), which would turn data loss into a quiet success.
+        """
+        return {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "client_id": client_id,
+            "group_id": None,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "none",
+            "isolation_level": self.isolation_level,
+            "check_crcs": self.check_crcs,
+        }

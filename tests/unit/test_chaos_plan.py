@@ -1,0 +1,92 @@
+"""``relay chaos`` without services: options, the seeded schedule, the figures and the table."""
+
+from __future__ import annotations
+
+import pytest
+from relay.chaos.plan import KINDS, SHORT_KINDS, ChaosOptions, lock_count, make_plan, parse_kinds
+from relay.chaos.report import audit_totals, render_table, summarize_kinds
+from relay.errors import ConfigError
+
+
+def test_full_run_defaults_meet_the_issue() -> None:
+    o = ChaosOptions.build(minutes=10)
+    assert o.kinds == KINDS and o.airflow
+    assert o.lock_seconds > 60  # past SQLite's busy timeout
+    plan = make_plan(o)
+    for kind in KINDS:
+        if kind != "ledger-lock":
+            assert len(plan.of_kind(kind)) >= 20, kind
+    assert all(0 <= f.at < o.seconds for f in plan.faults)
+
+
+def test_short_run_defaults_leave_airflow_out() -> None:
+    o = ChaosOptions.build(seconds=120)
+    assert o.kinds == SHORT_KINDS and not o.airflow
+    assert o.lock_seconds < 60
+
+
+def test_plan_is_reproducible_and_seeded() -> None:
+    o = ChaosOptions.build(seconds=300, seed=5)
+    assert make_plan(o).faults == make_plan(o).faults
+    assert make_plan(o).faults != make_plan(ChaosOptions.build(seconds=300, seed=6)).faults
+
+
+def test_a_kind_keeps_its_schedule_when_others_are_added() -> None:
+    alone = make_plan(ChaosOptions.build(seconds=300, kinds="broker")).of_kind("broker")
+    together = make_plan(ChaosOptions.build(seconds=300, kinds="driver,broker")).of_kind("broker")
+    assert alone == together
+
+
+def test_ledger_locks_never_overlap() -> None:
+    o = ChaosOptions.build(seconds=600, lock_seconds=65)
+    locks = make_plan(o).of_kind("ledger-lock")
+    assert len(locks) == lock_count(o) >= 2
+    for a, b in zip(locks, locks[1:]):
+        assert b.at >= a.at + o.lock_seconds
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ConfigError):
+        parse_kinds("driver,printer")
+    with pytest.raises(ConfigError):
+        ChaosOptions.build(seconds=10)
+    with pytest.raises(ConfigError):
+        ChaosOptions.build(seconds=60, minutes=1)
+    with pytest.raises(ConfigError):
+        ChaosOptions.build(seconds=60, lock_seconds=90)
+
+
+def test_audit_totals_read_both_report_shapes() -> None:
+    deep = {"totals": {"duplicates": 0, "missing": 2, "declared_lost": 5}, "partitions": []}
+    assert audit_totals(deep)["missing"] == 2
+    old = {
+        "partitions": [{"applied_twice_or_more": 1, "missing": 0}, {"applied_twice_or_more": 2, "missing": 3}]
+    }
+    totals = audit_totals(old)
+    assert (totals["duplicates"], totals["missing"], totals["unread"]) == (3, 3, None)
+
+
+def test_summary_counts_human_actions_and_times() -> None:
+    events = [
+        {"kind": "driver", "at": 1.0, "next_commit_s": 20.0, "healed_by": "spark", "human_actions": 0},
+        {"kind": "driver", "at": 2.0, "next_commit_s": 30.0, "healed_by": "spark", "human_actions": 0},
+        {"kind": "master", "at": 3.0, "next_commit_s": None, "healed_by": "tool", "human_actions": 1},
+        {"kind": "master", "at": None, "skipped": "window over"},
+    ]
+    actions = [{"kind": "pipeline", "ok": True, "seconds": 40.0, "next_commit_s": 41.0}]
+    rows = summarize_kinds(events, actions, ["driver", "master"])
+    by = {r["kind"]: r for r in rows}
+    assert by["driver"]["injected"] == 2 and by["driver"]["next_commit_median_s"] == 25.0
+    assert by["master"]["human_actions"] == 1 and by["master"]["skipped"] == 1
+    assert by["master"]["no_commit_after"] == 1
+    assert by["pipeline redeploy"]["human_actions"] == 1
+    result = {
+        "kinds": rows,
+        "options": {"rate": 100},
+        "human_actions_total": 2,
+        "audit_totals": {"duplicates": 0, "missing": 0},
+        "ok": True,
+    }
+    table = render_table(result)
+    assert "human actions needed: 2" in table and "NOT met" in table
+    assert "overall: OK" in table
