@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RELAY := $(VENV)/bin/relay
 
-.PHONY: setup run test lint lock bench chaos down model
+.PHONY: setup run test test-long lint lock bench chaos down model
 
 setup:
 	bash scripts/setup.sh
@@ -12,8 +12,13 @@ run: setup
 	$(RELAY) stack up
 	$(RELAY) run-demo
 
+# The suite (~30 min on 2 cores): unit, DAG and integration tests on real parts, a short chaos run.
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not slow" --durations=20 tests
+
+# Everything, with the PostgreSQL variants of the end-to-end scenarios and the slow side paths.
+test-long: setup
+	$(PY) -m pytest -q --durations=30 tests
 
 # Model-check the protocol (model/relay.pml) with spin: the model passes, every mutant fails.
 model: setup

@@ -74,7 +74,9 @@ def postgres_url() -> Iterator[str]:
         pg.stop()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# PostgreSQL variants of the end-to-end scenarios run in `make test-long`; `make test` keeps the
+# PostgreSQL-specific ones (handoff race, secrets, exact bytes, deep audit) on every run.
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 

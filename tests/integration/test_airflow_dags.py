@@ -102,6 +102,7 @@ def test_local_airflow_runs_relay_deploy_triggered_through_rest(stack: RelayConf
     assert all(session_pids(pid) == [] for pid in pids)
 
 
+@pytest.mark.slow  # make test-long
 def test_provider_submit_hook_starts_a_cluster_driver(
     stack: RelayConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

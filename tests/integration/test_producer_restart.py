@@ -167,6 +167,7 @@ def test_counters_continue_after_records_of_an_older_producer(broker: tuple[Rela
     assert produce(cfg.kafka_bootstrap, topic, 5, None)["first"] == 100
 
 
+@pytest.mark.slow  # make test-long
 def test_a_broker_that_never_returns_fails_the_run_within_the_delivery_timeout(
     broker: tuple[RelayConfig, BrokerOnly],
 ) -> None:

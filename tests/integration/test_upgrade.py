@@ -111,6 +111,7 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     stop(cfg)
 
 
+@pytest.mark.slow  # make test-long
 def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig) -> None:
     ledger = Ledger(cfg.ledger_url, create=True)
     produce(cfg.kafka_bootstrap, cfg.topic, 500, None, partitions=cfg.partitions)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from relay.chaos.plan import KINDS, SHORT_KINDS, ChaosOptions, lock_count, make_plan, parse_kinds
 from relay.chaos.report import audit_totals, render_table, summarize_kinds
@@ -90,3 +92,42 @@ def test_summary_counts_human_actions_and_times() -> None:
     table = render_table(result)
     assert "human actions needed: 2" in table and "NOT met" in table
     assert "overall: OK" in table
+
+
+class _Watcher:
+    def __init__(self, states: list[tuple[int, str, str | None]]) -> None:
+        self.states = states
+        self.last_commit_at: float | None = None
+
+    def instance_states(self) -> list[tuple[int, str, str | None]]:
+        return self.states
+
+
+def _healer(states: list[tuple[int, str, str | None]], busy: list[bool]) -> Any:
+    from relay.chaos.healer import PipelineHealer
+    from relay.config import load_config
+
+    return PipelineHealer(load_config({}), _Watcher(states), lambda: None, lambda: busy[0], 240, print, 2.0)
+
+
+def test_healer_wants_a_redeploy_for_a_failed_instance() -> None:
+    healer = _healer([(1, "FAILED", "crash loop: 5 attempts")], [False])
+    assert "FAILED" in (healer.diagnose() or "")
+
+
+def test_healer_counts_only_time_when_the_stack_is_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay.chaos.healer as healer_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(healer_mod.time, "time", lambda: clock[0])
+    busy = [False]
+    healer = _healer([(1, "ACTIVE", None)], busy)
+    monkeypatch.setattr(healer, "_driver_somewhere", lambda: False)
+    for step in range(40):  # 80 s, but every other look the master is restarting
+        clock[0] += 2
+        busy[0] = step % 2 == 0
+        reason = healer.diagnose()
+        if reason:
+            break
+    assert reason and "no driver" in reason
+    assert step >= 28  # ~30 s of a whole stack, not 30 s of wall clock

@@ -61,9 +61,10 @@ class PipelineHealer:
         self.progress = progress
         self.interval_s = interval_s
         self.actions: list[HumanAction] = []
-        self._since_alive = time.time()  # last moment a driver ran or waited to run
-        self._since_action = time.time()
-        self._since_busy = time.time()  # last moment the stack was being restarted or locked
+        self._last_look = time.time()
+        self._no_driver_s = 0.0  # seconds of a whole stack with no driver running or waiting to run
+        self._quiet_s = 0.0  # seconds of a whole stack without a new commit
+        self._seen_commit = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-healer", daemon=True)
 
@@ -100,11 +101,16 @@ class PipelineHealer:
         return any(d.state in (DriverState.SUBMITTED, DriverState.RUNNING) for d in state.active_drivers)
 
     def diagnose(self) -> str | None:
-        """Why the pipeline needs a person now, or None when it is running or will recover by itself."""
+        """Why the pipeline needs a person now, or None when it is running or will recover by itself.
+
+        Only time while the stack is whole counts: while the master or the worker is restarting or
+        the ledger is locked, nothing could relaunch a driver, so those seconds neither count nor
+        reset the clocks (under a fault every few seconds, the stack is rarely whole for long).
+        """
+        now = time.time()
+        dt = min(now - self._last_look, 5 * self.interval_s)
+        self._last_look = now
         if self.busy():
-            # The ledger is locked on purpose, or a part is being restarted (by the tool, i.e. by a
-            # person): the pipeline gets its chance once the stack is whole again.
-            self._since_alive = self._since_busy = time.time()
             return None
         states = self.watcher.instance_states()
         if not states:
@@ -113,18 +119,23 @@ class PipelineHealer:
         if not live:
             last = states[-1]
             return f"instance {last[0]} is {last[1]}: {(last[2] or '')[:160]}"
-        now = time.time()
         alive = self._driver_somewhere()
         if alive is None or alive:
-            self._since_alive = now
-        elif now - self._since_alive > NO_DRIVER_S:
-            return (
-                f"instance {live[-1][0]} is {live[-1][1]} in the ledger but no driver runs or waits "
-                f"to run for {now - self._since_alive:.0f}s"
-            )
-        last = max(self.watcher.last_commit_at or 0.0, self._since_action, self._since_busy)
-        if now - last > self.stall_s:
-            return f"no batch committed for {now - last:.0f}s"
+            self._no_driver_s = 0.0
+        else:
+            self._no_driver_s += dt
+            if self._no_driver_s >= NO_DRIVER_S:
+                return (
+                    f"instance {live[-1][0]} is {live[-1][1]} in the ledger but no driver runs or waits "
+                    f"to run ({self._no_driver_s:.0f}s of a whole stack)"
+                )
+        committed = self.watcher.last_commit_at or 0.0
+        if committed > self._seen_commit:
+            self._seen_commit, self._quiet_s = committed, 0.0
+        else:
+            self._quiet_s += dt
+            if self._quiet_s > self.stall_s:
+                return f"no batch committed for {self._quiet_s:.0f}s of a whole stack"
         return None
 
     def redeploy(self, reason: str) -> HumanAction:
@@ -148,7 +159,8 @@ class PipelineHealer:
             action.error = f"{type(exc).__name__}: {exc}"[:500]
             self.progress(f"redeploy failed (will look again): {action.error}")
         action.seconds = round(time.time() - action.at, 2)
-        self._since_action = self._since_alive = time.time()
+        self._no_driver_s = self._quiet_s = 0.0
+        self._last_look = time.time()
         self.actions.append(action)
         return action
 

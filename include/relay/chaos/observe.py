@@ -150,6 +150,8 @@ class ChaosProducer:
             "poison": self.poison,
             "acked": len(self.acked),
             "failed": self.failed,
+            # neither acknowledged nor failed when the producer closed (in flight across a broker kill)
+            "unconfirmed": max(0, self.sent - len(self.acked) - self.failed),
             "producer_restarts": self.recreated,
             "first_error": self.first_error,
         }

@@ -137,8 +137,9 @@ def render_table(result: dict[str, Any]) -> str:
     out.append(
         f"load: {fmt_number(p.get('sent'))} records at {fmt_number(result['options']['rate'])} msg/s "
         f"({fmt_number(p.get('poison'))} poison), {fmt_number(p.get('acked'))} acked, "
-        f"{fmt_number(p.get('failed'))} send errors; {len(c.get('attempts', []))} driver attempts and "
-        f"{len(c.get('instances', []))} instance(s) committed {fmt_number(c.get('batches'))} batches"
+        f"{fmt_number(p.get('failed'))} send errors, {fmt_number(p.get('unconfirmed'))} unconfirmed; "
+        f"{len(c.get('attempts', []))} driver attempts and {len(c.get('instances', []))} instance(s) "
+        f"committed {fmt_number(c.get('batches'))} batches"
     )
     a = result.get("audit_totals") or {}
     deep = (
