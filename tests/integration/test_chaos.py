@@ -17,7 +17,8 @@ from relay.chaos.plan import ChaosOptions
 from relay.chaos.report import render_table
 from relay.chaos.runner import run_chaos
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Not marked slow: `make test` runs `-m "not slow"`, and this short run is part of it (the issue asks so).
+pytestmark = pytest.mark.integration
 
 KINDS = "driver,executor,worker,master,broker,ledger-lock"
 
@@ -39,4 +40,3 @@ def test_short_chaos_run_loses_and_duplicates_nothing() -> None:
     assert totals["missing"] == 0, f"{totals['missing']} record(s) read and never applied"
     assert result["caught_up_s"] is not None, "the pipeline did not catch up after the faults"
     assert result["ok"], result["verdict"]
-    assert result["leftovers_killed"] == [] or all(isinstance(p, int) for p in result["leftovers_killed"])

@@ -283,6 +283,8 @@ class ChaosRun:
         problems = []
         if self.result.get("error"):
             problems.append(self.result["error"])
+        if "caught_up_s" in self.result and self.result["caught_up_s"] is None:
+            problems.append(f"not caught up {self.options.catch_up_timeout_s:g}s after the load stopped")
         if dups is None or missing is None:
             problems.append("no audit")
         elif self.result["audit"].get("ok") is False and not (dups or missing):
