@@ -73,7 +73,7 @@ def test_deploy_then_refuse_a_second_deploy_then_stop(dags_config: RelayConfig) 
     assert ledger.instances(config.pipeline, live_only=True) == []
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # make test-long (make run triggers relay_deploy through REST too)
 def test_local_airflow_runs_relay_deploy_triggered_through_rest(stack: RelayConfig) -> None:
     config = _private(stack, "afrest")
     config = config.with_(ports=replace(config.ports, airflow=free_port()))

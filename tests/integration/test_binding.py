@@ -100,6 +100,7 @@ def test_copy_of_the_driver_is_refused_never_writes_and_stop_stays_graceful(
     assert ledger.instance(inst_id).state is InstanceState.STOPPED
 
 
+@pytest.mark.slow  # make test-long (the suite stays near 30 min)
 @pytest.mark.parametrize("backend", ["sqlite"])  # about Spark, not the ledger: one backend is enough
 def test_after_a_worker_loss_relay_follows_the_relaunched_driver_and_stops_it_gracefully(
     stack: RelayConfig, pipeline_config: RelayConfig

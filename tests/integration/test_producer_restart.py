@@ -102,6 +102,7 @@ def in_background(**kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, outcome
 
 
+@pytest.mark.slow  # make test-long (the suite stays near 30 min)
 @pytest.mark.parametrize("how", ["clean", "sigkill"])
 def test_every_counter_arrives_once_across_a_broker_restart(
     broker: tuple[RelayConfig, BrokerOnly], how: str

@@ -228,6 +228,7 @@ def test_ledger_password_shows_in_no_command_line_log_or_status(
     assert _files_containing(cfg.logs_dir, needles) + _files_containing(cfg.spark_dir / "work", needles) == []
 
 
+@pytest.mark.slow  # make test-long (the suite stays near 30 min)
 def test_airflow_admin_password_is_never_logged_and_files_are_private(stack: RelayConfig) -> None:
     config = stack.with_(ports=replace(stack.ports, airflow=free_port()))
     airflow = LocalAirflow(config)
