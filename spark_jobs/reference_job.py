@@ -29,6 +29,7 @@ from relay.errors import (  # noqa: E402
     ZombieAttemptError,
 )
 from relay.kafka_offsets import KafkaOffsets  # noqa: E402
+from relay.ledger.attempts import LAUNCH_TOKEN_ENV  # noqa: E402
 from relay.ledger.models import AttemptState, InstanceState  # noqa: E402
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger  # noqa: E402
 from relay.protocol import Record, commit_batch  # noqa: E402
@@ -38,7 +39,6 @@ log = logging.getLogger("relay.job")
 
 EXIT_OK = 0
 EXIT_RETRY = 1  # transient: let the master relaunch
-LAUNCH_TOKEN_ENV = "RELAY_LAUNCH_TOKEN"  # set by relay.launcher in the submission's environment
 LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # likewise: the URL may hold a password, never on the command line
 _DRIVER_DIR = re.compile(r"^driver-\d+-\d+$")
 CRASH_LOOP_ATTEMPTS = 5

@@ -17,13 +17,13 @@ from relay.artifacts import artifact, build_artifact, require_env_interface
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.driver_logs import LaunchCounter, error_tail, explain_failure
 from relay.errors import OperationError, SparkError
+from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.spark_auth import signer_for
 from relay.spark_rest import DriverState, SparkStandaloneClient, driver_environment, driver_properties
 
 LOCAL_PREFIX = "local-"
-LAUNCH_TOKEN_ENV = "RELAY_LAUNCH_TOKEN"  # the driver proves it is Relay's submission with this
 LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # the ledger URL (it may hold a password): never in argv
 
 

@@ -16,6 +16,9 @@ from relay.ledger import schema as s
 from relay.ledger.base import LedgerBase, attempt_from_row, token_hash
 from relay.ledger.models import Attempt, AttemptState, Instance
 
+LAUNCH_TOKEN_ENV = "RELAY_LAUNCH_TOKEN"
+"""The environment variable that carries a submission's launch token to its driver (never argv)."""
+
 DRIVER_ALIVE_S = 15.0
 """A RUNNING attempt whose heartbeat is younger than this is alive (drivers heartbeat every 3 s)."""
 
