@@ -92,7 +92,7 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int, size: int
 
 def plain_consumer(bootstrap: str, topic: str, check_crcs: bool) -> tuple[int, float]:
     """One kafka-python consumer reading every partition from the beginning: (rows, rows/s)."""
-    from relay.bench import plain_consumer
+    from relay_dev.bench import plain_consumer
 
     result = plain_consumer(bootstrap, topic, check_crcs=check_crcs)
     return result["rows"], result["msg_s"]

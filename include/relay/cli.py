@@ -34,29 +34,6 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------- commands
-def cmd_stack(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay.airflow_local import LocalAirflow
-    from relay.stack import LocalStack
-
-    stack = LocalStack(cfg, progress=_say)
-    airflow = LocalAirflow(cfg, progress=_say)
-    if a.action == "up":
-        result = stack.up(with_postgres=a.postgres)
-        if not a.no_airflow:
-            result["airflow"] = airflow.start()
-        return result
-    if a.action == "down":
-        return {"airflow": airflow.stop(), **stack.down()}
-    return {**stack.status(), "airflow": airflow.status()}
-
-
-def cmd_airflow(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay.airflow_local import LocalAirflow
-
-    local = LocalAirflow(cfg, progress=_say)
-    return {"up": local.start, "down": local.stop, "status": local.status}[a.action]()
-
-
 def cmd_ledger(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """``ledger init``: the explicit create (opening a ledger never creates one: a typo in
     RELAY_LEDGER_URL must not start a new, empty ledger that a deploy would fill from scratch)."""
@@ -175,58 +152,6 @@ def cmd_health(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return report.to_json()
 
 
-def cmd_run_demo(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay.demo import run_demo
-
-    return run_demo(cfg, count=a.count, progress=_say)
-
-
-def cmd_bench(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    """Benchmarks on a private stack (never the configured one); the table is the human output."""
-    from relay.bench import BenchOptions, render_table, run_bench
-
-    options = BenchOptions.build(quick=a.quick, messages=a.messages, only=a.only)
-    result = run_bench(options, progress=_say, host=cfg.host)
-    as_json = getattr(a, "json", False)
-    if not as_json:
-        print(render_table(result), flush=True)
-    if not result["ok"]:
-        if as_json:
-            print(json.dumps(result, indent=2, default=str), flush=True)
-        failed = [n for n, s in result["sections"].items() if s["status"] == "failed"]
-        raise RelayError(
-            f"failed section(s) {failed or result.get('stack_down_error')}; see {result['results_file']}"
-        )
-    return result if as_json else {"results_file": result["results_file"], "ok": result["ok"]}
-
-
-def cmd_chaos(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    """Faults under load on a private stack (never the configured one); the table is the human output."""
-    from relay.chaos.plan import ChaosOptions
-    from relay.chaos.report import render_table
-    from relay.chaos.runner import run_chaos
-
-    options = ChaosOptions.build(
-        seconds=a.seconds,
-        minutes=a.minutes,
-        kinds=a.kinds,
-        seed=a.seed,
-        rate=a.rate,
-        postgres=a.postgres,
-        lock_seconds=a.lock_seconds,
-        per_kind=a.per_kind,
-    )
-    result = run_chaos(options, progress=_say, host=cfg.host)
-    as_json = getattr(a, "json", False)
-    if as_json:
-        print(json.dumps(result, indent=2, default=str), flush=True)
-    else:
-        print(render_table(result), flush=True)
-    if not result["ok"]:
-        raise RelayError(f"{result['verdict']}; see {result['results_file']}")
-    return {"results_file": result["results_file"], "ok": result["ok"]}
-
-
 def _human(name: str, result: Any) -> str:
     if name == "offsets":
         return _table(result, ["topic", "partition", "earliest", "latest", "cursor", "lag", "invalidated"])
@@ -238,8 +163,6 @@ def _human(name: str, result: Any) -> str:
 
 
 COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
-    "stack": cmd_stack,
-    "airflow": cmd_airflow,
     "ledger": cmd_ledger,
     "produce": cmd_produce,
     "deploy": cmd_deploy,
@@ -252,22 +175,23 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "upgrade": cmd_upgrade,
     "recover": cmd_recover,
     "health": cmd_health,
-    "run-demo": cmd_run_demo,
-    "bench": cmd_bench,
-    "chaos": cmd_chaos,
 }
+
+
+def _add_dev_commands(sub: argparse._SubParsersAction) -> None:
+    """The developer commands (embedded stack, demo, benchmarks, chaos) come from ``relay_dev`` when it
+    is installed; a job artifact or a production install carries only the runtime library."""
+    try:
+        from relay_dev.cli import register
+    except ImportError:
+        return
+    COMMANDS.update(register(sub))
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="relay", description="Operate a Kafka -> Spark streaming pipeline.")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     sub = p.add_subparsers(dest="command", required=True)
-    st = sub.add_parser("stack", help="the embedded stack (broker, Spark master+worker, ledger)")
-    st.add_argument("action", choices=["up", "down", "status"])
-    st.add_argument("--postgres", action="store_true", help="also start a local PostgreSQL")
-    st.add_argument("--no-airflow", action="store_true", help="without Airflow (Kafka, Spark, ledger only)")
-    af = sub.add_parser("airflow", help="Airflow 3 of the embedded stack (api-server, scheduler, ...)")
-    af.add_argument("action", choices=["up", "down", "status"])
     lg = sub.add_parser("ledger", help="the ledger database (RELAY_LEDGER_URL)")
     lg.add_argument("action", choices=["init"], help="init: create the ledger (or migrate an existing one)")
     pr = sub.add_parser("produce", help="send counter messages (the seeds' KafkaApp)")
@@ -327,48 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--allow-reprocess", action="store_true")
     r.add_argument("--local", action="store_true")
     sub.add_parser("health", help="run the health checks once, persist the report (exit 2 if CRITICAL)")
-    dm = sub.add_parser("run-demo", help="produce, deploy through Airflow, audit (the README's run command)")
-    dm.add_argument("--count", type=int_at_least(1), default=2000)
-    bn = sub.add_parser("bench", help="benchmarks against baselines on a private stack (var/bench/)")
-    bn.add_argument("--quick", action="store_true", help="small sizes (50,000 messages): a few minutes")
-    bn.add_argument("--messages", type=int_at_least(1), default=None, help="backlog for the throughput run")
-    bn.add_argument(
-        "--only",
-        default=None,
-        help="comma-separated sections: throughput,overhead,ledger,upgrade,recovery,memory",
-    )
-    ch = sub.add_parser("chaos", help="kill stack parts at random under load, then deep audit (var/chaos/)")
-    length = ch.add_mutually_exclusive_group()
-    length.add_argument(
-        "--minutes", type=float_above(0), default=None, help="fault window (default: 10 minutes)"
-    )
-    length.add_argument("--seconds", type=float_above(0), default=None, help="fault window in seconds")
-    ch.add_argument(
-        "--kinds",
-        default=None,
-        help="comma-separated: driver,executor,worker,master,broker,scheduler,ledger-lock (or all); "
-        "default: all for a 10-minute run, all but scheduler for shorter ones",
-    )
-    ch.add_argument(
-        "--seed", type=int_at_least(0), default=None, help="seed of the fault schedule (default 1)"
-    )
-    ch.add_argument(
-        "--rate", type=float_above(0), default=None, help="messages per second produced (default 200)"
-    )
-    ch.add_argument("--postgres", action="store_true", help="PostgreSQL ledger instead of SQLite")
-    ch.add_argument(
-        "--lock-seconds",
-        type=float_above(0),
-        default=None,
-        help="how long each ledger lock is held (default 65 for a 10-minute run, past SQLite's 60 s busy "
-        "timeout; 15 for shorter runs)",
-    )
-    ch.add_argument(
-        "--per-kind",
-        type=int_at_least(1),
-        default=None,
-        help="faults of each kind (default 22, or 1 per 40 s)",
-    )
+    _add_dev_commands(sub)
     return p
 
 

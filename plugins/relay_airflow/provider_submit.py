@@ -37,8 +37,8 @@ from relay.errors import SparkError
 from relay.launcher import driver_args, submission_environment
 from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
+from relay.spark_install import spark_home
 from relay.spark_rest import PYTHON_RUNNER, driver_properties
-from relay.stack import spark_home
 
 SUBMIT_CONN_ID = "relay_spark_submit"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from relay.airflow_local import airflow_env
 from relay.config import PROJECT_ROOT, load_config
+from relay_dev.airflow_local import airflow_env
 
 # Airflow reads AIRFLOW_HOME when first imported: point it under var/ (not ~/airflow) before that.
 for _key, _value in airflow_env(

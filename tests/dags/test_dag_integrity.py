@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relay.airflow_local import airflow_bin, airflow_env, ensure_airflow_db
 from relay.config import PROJECT_ROOT, load_config
+from relay_dev.airflow_local import airflow_bin, airflow_env, ensure_airflow_db
 
 # Airflow reads AIRFLOW_HOME when first imported: point it under var/ (not ~/airflow) before that.
 _HOME_CONFIG = load_config({"RELAY_DATA_DIR": str(PROJECT_ROOT / "var" / "pytest" / "airflow-parse")})

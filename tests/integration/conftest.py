@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
 from relay.ledger.engine import create_ledger
-from relay.postgres_local import LocalPostgres
-from relay.stack import LocalStack
+from relay_dev.postgres_local import LocalPostgres
+from relay_dev.stack import LocalStack
 
 from tests.conftest import free_port
 

@@ -6,13 +6,13 @@ import json
 import subprocess
 import sys
 
-from relay.airflow_local import airflow_env
 from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_args, driver_environment, spark_client, submission_environment
 from relay.ledger.store import Ledger
 from relay.spark_rest import driver_properties
+from relay_dev.airflow_local import airflow_env
 
 from tests.conftest import wait_for
 

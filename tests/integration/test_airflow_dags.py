@@ -1,7 +1,7 @@
 """The DAGs against the real embedded stack: dag.test() of relay_deploy / relay_stop, and one trigger
 through a running Airflow's REST API.
 
-``dag.test()`` runs in a subprocess with :func:`relay.airflow_local.airflow_env`: Airflow's settings
+``dag.test()`` runs in a subprocess with :func:`relay_dev.airflow_local.airflow_env`: Airflow's settings
 are process-global (read at import), the subprocess gets the stack's AIRFLOW_HOME and connections, and
 pytest's own logging stays untouched. The run's state is asserted (``dag.test()`` does not raise).
 """
@@ -13,20 +13,20 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from relay.airflow_local import (
-    LocalAirflow,
-    airflow_env,
-    ensure_airflow_db,
-    trigger_dag_rest,
-    wait_dag_run,
-)
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import StackError
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.producer import produce
-from relay.stack import session_pids
+from relay_dev.airflow_local import (
+    LocalAirflow,
+    airflow_env,
+    ensure_airflow_db,
+    trigger_dag_rest,
+    wait_dag_run,
+)
+from relay_dev.stack import session_pids
 
 from tests.conftest import free_port
 from tests.integration.helpers import run_dag_test

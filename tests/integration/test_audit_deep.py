@@ -23,7 +23,7 @@ from relay.kafka_offsets import KafkaOffsets
 from relay.ledger import schema as s
 from relay.ledger.snapshot import read_snapshot
 from relay.ledger.store import Ledger
-from relay.stack import LocalStack, Part
+from relay_dev.stack import LocalStack, Part
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for

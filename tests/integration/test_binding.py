@@ -22,7 +22,7 @@ from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.producer import produce
 from relay.spark_rest import DriverState
-from relay.stack import LocalStack, Part
+from relay_dev.stack import LocalStack, Part
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from relay.chaos.plan import ChaosOptions
-from relay.chaos.report import render_table
-from relay.chaos.runner import run_chaos
+from relay_dev.chaos.plan import ChaosOptions
+from relay_dev.chaos.report import render_table
+from relay_dev.chaos.runner import run_chaos
 
 # Not marked slow: `make test` runs `-m "not slow"`, and this short run is part of it (the issue asks so).
 pytestmark = pytest.mark.integration

@@ -12,7 +12,6 @@ import sys
 import uuid
 
 import pytest
-from relay.airflow_local import config_env
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.crashpoints import CRASH_ENV, CRASH_EXIT, RECOVERY_POINTS, UPGRADE_POINTS
@@ -24,6 +23,7 @@ from relay.operations.recover import recover
 from relay.operations.stop import stop
 from relay.operations.upgrade import upgrade
 from relay.producer import produce
+from relay_dev.airflow_local import config_env
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relay.airflow_local import airflow_env, ensure_airflow_db
 from relay.config import PROJECT_ROOT, load_config
 from relay.ledger.store import Ledger
+from relay_dev.airflow_local import airflow_env, ensure_airflow_db
 
 from tests.conftest import free_port
 from tests.integration.helpers import RUNNER

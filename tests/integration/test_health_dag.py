@@ -6,7 +6,6 @@ import uuid
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from relay.airflow_local import ensure_airflow_db
 from relay.config import RelayConfig
 from relay.launcher import spark_client
 from relay.ledger import schema as s
@@ -14,6 +13,7 @@ from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.producer import produce
+from relay_dev.airflow_local import ensure_airflow_db
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for

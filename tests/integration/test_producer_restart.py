@@ -25,7 +25,7 @@ from relay.config import RelayConfig, load_config
 from relay.errors import KafkaError
 from relay.kafka_offsets import KafkaOffsets
 from relay.producer import POISON_KEY, highest_counter, produce
-from relay.stack import LocalStack, Part, pid_alive, session_pids
+from relay_dev.stack import LocalStack, Part, pid_alive, session_pids
 
 from tests.conftest import wait_for
 from tests.integration.conftest import private_data_dir, stack_env

@@ -7,7 +7,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from relay.airflow_local import ensure_airflow_db
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError, OperationInProgressError
@@ -19,6 +18,7 @@ from relay.operations.stop import stop
 from relay.operations.upgrade import ALL_TERMINAL
 from relay.producer import produce
 from relay.status import offsets_view
+from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up, run_dag_test

@@ -19,7 +19,6 @@ from pathlib import Path
 import jwt
 import pytest
 import requests
-from relay.airflow_local import ADMIN_USER, AirflowApi, LocalAirflow, config_env, passwords_file
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import LedgerNotFoundError
 from relay.launcher import spark_client
@@ -31,6 +30,7 @@ from relay.operations.stop import stop
 from relay.producer import produce
 from relay.spark_auth import decode_key
 from relay.spark_rest import create_request, driver_environment, driver_properties
+from relay_dev.airflow_local import ADMIN_USER, AirflowApi, LocalAirflow, config_env, passwords_file
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import URL, make_url
 

@@ -16,7 +16,7 @@ from relay.kafka_offsets import KafkaOffsets
 from relay.producer import highest_counter, produce
 from relay.spark_auth import signer_for
 from relay.spark_rest import DriverState, SparkStandaloneClient, driver_environment, driver_properties
-from relay.stack import LocalStack, pid_alive, session_pids
+from relay_dev.stack import LocalStack, pid_alive, session_pids
 
 from tests.conftest import wait_for
 from tests.integration.conftest import private_data_dir, stack_env

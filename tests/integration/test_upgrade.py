@@ -9,7 +9,6 @@ import threading
 import uuid
 
 import pytest
-from relay.airflow_local import config_env, ensure_airflow_db
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
@@ -23,6 +22,7 @@ from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
 from relay.producer import produce
+from relay_dev.airflow_local import config_env, ensure_airflow_db
 from sqlalchemy import select
 
 from tests.conftest import wait_for

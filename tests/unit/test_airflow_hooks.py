@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from relay.airflow_local import airflow_env, connection_env
 from relay.config import PROJECT_ROOT, load_config
+from relay_dev.airflow_local import airflow_env, connection_env
 
 # Airflow reads AIRFLOW_HOME when first imported: point it under var/ (not ~/airflow) before that.
 for _key, _value in airflow_env(

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from relay.bench import (
+from relay.errors import ConfigError
+from relay_dev.bench import (
     SECTIONS,
     BenchOptions,
     PhaseTimer,
@@ -26,7 +27,6 @@ from relay.bench import (
     throughput_from_batches,
     write_result,
 )
-from relay.errors import ConfigError
 
 
 def test_percentile_interpolates_like_numpy() -> None:

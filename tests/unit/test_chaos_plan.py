@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from relay.chaos.plan import KINDS, SHORT_KINDS, ChaosOptions, lock_count, make_plan, parse_kinds
-from relay.chaos.report import audit_totals, render_table, summarize_kinds
 from relay.errors import ConfigError
+from relay_dev.chaos.plan import KINDS, SHORT_KINDS, ChaosOptions, lock_count, make_plan, parse_kinds
+from relay_dev.chaos.report import audit_totals, render_table, summarize_kinds
 
 
 def test_full_run_defaults_meet_the_issue() -> None:
@@ -104,8 +104,8 @@ class _Watcher:
 
 
 def _healer(states: list[tuple[int, str, str | None]], busy: list[bool]) -> Any:
-    from relay.chaos.healer import PipelineHealer
     from relay.config import load_config
+    from relay_dev.chaos.healer import PipelineHealer
 
     return PipelineHealer(load_config({}), _Watcher(states), lambda: None, lambda: busy[0], 240, print, 2.0)
 
@@ -116,7 +116,7 @@ def test_healer_wants_a_redeploy_for_a_failed_instance() -> None:
 
 
 def test_healer_counts_only_time_when_the_stack_is_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    import relay.chaos.healer as healer_mod
+    import relay_dev.chaos.healer as healer_mod
 
     clock = [1000.0]
     monkeypatch.setattr(healer_mod.time, "time", lambda: clock[0])

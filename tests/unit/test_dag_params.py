@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relay.airflow_local import airflow_env
 from relay.config import PROJECT_ROOT, load_config
 from relay.inputs import (
     HANDOFF_PATTERN,
@@ -25,6 +24,7 @@ from relay.inputs import (
     TIME_PATTERN,
     VERSION_PATTERN,
 )
+from relay_dev.airflow_local import airflow_env
 
 from tests.ledger_state import ledger_state, seeded_ledger
 

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
-from relay.airflow_local import airflow_env
 from relay.config import PROJECT_ROOT, load_config
+from relay_dev.airflow_local import airflow_env
 
 # Airflow reads AIRFLOW_HOME when first imported: point it under var/ (not ~/airflow) before that.
 _HOME = load_config({"RELAY_DATA_DIR": str(PROJECT_ROOT / "var" / "pytest" / "airflow-parse")})

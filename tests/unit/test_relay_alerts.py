@@ -19,10 +19,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from relay.airflow_local import airflow_env
 from relay.config import PROJECT_ROOT, load_config
 from relay.errors import OperationError
 from relay.health import Check, HealthReport, Level
+from relay_dev.airflow_local import airflow_env
 
 # Airflow reads AIRFLOW_HOME when first imported: point it under var/ (not ~/airflow) before that.
 for _key, _value in airflow_env(

@@ -16,7 +16,6 @@ import pytest
 import requests
 from kafka_source_options import SourceSettings
 from relay import cli
-from relay.airflow_local import ADMIN_USER, airflow_env, passwords_file
 from relay.artifacts import artifact, build_artifact, require_env_interface
 from relay.config import load_config
 from relay.errors import ConfigError, LedgerNotFoundError, SparkError
@@ -25,12 +24,13 @@ from relay.ledger import schema as s
 from relay.ledger.engine import create_ledger, ledger_exists, safe_url
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.postgres_local import restrict_dir
 from relay.secret_files import ensure_user_password
 from relay.spark_auth import RestSigner, decode_key, ensure_secret_file, signer_for
 from relay.spark_rest import MasterState, SparkStandaloneClient, driver_properties
-from relay.stack import LocalStack, Part
-from relay.stack_setup import REST_UNPROTECTED, master_properties_file, prepare_data_dir
+from relay_dev.airflow_local import ADMIN_USER, airflow_env, passwords_file
+from relay_dev.postgres_local import restrict_dir
+from relay_dev.stack import LocalStack, Part
+from relay_dev.stack_setup import REST_UNPROTECTED, master_properties_file, prepare_data_dir
 from sqlalchemy import create_engine, select
 
 PASSWORD = "p@ss/w:rd@x"

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.errors import StackError
-from relay.ports import port_taken
+
+from relay_dev.ports import port_taken
 
 DATABASE = "relay"
 USER = "relay"

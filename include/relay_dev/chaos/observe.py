@@ -14,13 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import create_engine, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
-
 from relay.config import RelayConfig
 from relay.ledger import schema as s
 from relay.producer import POISON_KEY
+from sqlalchemy import create_engine, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 Progress = Callable[[str], None]
 

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import requests
-
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import StackError
 from relay.secret_files import ensure_user_password, write_private
-from relay.stack import pid_alive, port_taken, rss_mb, session_pids
+
+from relay_dev.stack import pid_alive, port_taken, rss_mb, session_pids
 
 log = logging.getLogger(__name__)
 

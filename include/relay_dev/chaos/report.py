@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from relay.bench import fmt_number, percentile
-from relay.chaos.plan import KINDS
+from relay_dev.bench import fmt_number, percentile
+from relay_dev.chaos.plan import KINDS
 
 AUDIT_FIELDS = {
     # total name -> names it may have in an audit report (top level or per partition)

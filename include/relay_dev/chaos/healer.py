@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from relay.chaos import procs
-from relay.chaos.observe import CommitWatcher
 from relay.config import RelayConfig
 from relay.errors import RelayError
 from relay.spark_rest import DriverState
+
+from relay_dev.chaos import procs
+from relay_dev.chaos.observe import CommitWatcher
 
 Progress = Callable[[str], None]
 LIVE_STATES = ("STARTING", "ACTIVE", "DRAINING")

@@ -26,11 +26,13 @@ from relay.config import RelayConfig
 from relay.errors import KafkaError, SparkError, StackError
 from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.engine import safe_url
-from relay.ports import port_taken
-from relay.postgres_local import LocalPostgres
 from relay.spark_auth import signer_for
+from relay.spark_install import spark_home
 from relay.spark_rest import SparkStandaloneClient
-from relay.stack_setup import REST_UNPROTECTED, ensure_ledger, master_properties_file, prepare_data_dir
+
+from relay_dev.ports import port_taken
+from relay_dev.postgres_local import LocalPostgres
+from relay_dev.stack_setup import REST_UNPROTECTED, ensure_ledger, master_properties_file, prepare_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +66,6 @@ def noida_binary() -> Path:
     if not path.exists():
         raise StackError(f"noida-db binary not found at {path}: is the noida-db package installed?")
     return path
-
-
-def spark_home() -> Path:
-    """The installed pyspark folder (the pip wheel is a Spark distribution without sbin scripts)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.origin:
-        raise StackError("pyspark is not installed: cannot start a Spark standalone cluster")
-    return Path(spec.origin).parent
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from relay.airflow_local import base_url, passwords_file, trigger_dag_rest, wait_dag_run
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError
@@ -17,6 +16,8 @@ from relay.ledger.store import Ledger
 from relay.operations.inventory import take_inventory
 from relay.producer import produce
 from relay.status import offsets_view
+
+from relay_dev.airflow_local import base_url, passwords_file, trigger_dag_rest, wait_dag_run
 
 
 def _caught_up(config: RelayConfig, ledger: Ledger) -> bool:

@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from relay.airflow_local import COMPONENTS, LocalAirflow, airflow_bin, airflow_env
-from relay.chaos import procs
-from relay.chaos.parts import StackParts
-from relay.chaos.plan import PlannedFault
 from relay.config import RelayConfig
 from relay.errors import RelayError
-from relay.stack import Part
+
+from relay_dev.airflow_local import COMPONENTS, LocalAirflow, airflow_bin, airflow_env
+from relay_dev.chaos import procs
+from relay_dev.chaos.parts import StackParts
+from relay_dev.chaos.plan import PlannedFault
+from relay_dev.stack import Part
 
 Progress = Callable[[str], None]
 TARGET_WAIT_S = 60.0  # without a fault window: how long to wait for a driver or executor to kill
@@ -219,7 +220,7 @@ class Injector:
         """
         import requests
 
-        from relay.airflow_local import base_url
+        from relay_dev.airflow_local import base_url
 
         try:
             body = requests.get(f"{base_url(self.config)}/api/v2/monitor/health", timeout=3).json()

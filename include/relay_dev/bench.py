@@ -395,7 +395,7 @@ class MemorySampler:
             self._thread.join(timeout=10)
 
     def sample_once(self) -> dict[str, Any]:
-        from relay.stack import session_pids
+        from relay_dev.stack import session_pids
 
         cats: dict[str, dict[str, float]] = {}
         for sid in self.sessions():
@@ -550,7 +550,6 @@ class RateProducer:
 
     def _run(self) -> None:
         from kafka import KafkaProducer
-
         from relay.producer import highest_counter
 
         try:
@@ -969,7 +968,7 @@ def _ledger_run(url: str, size: int, commits: int, warmup: int, tag: str) -> dic
 
 
 def section_ledger(ctx: Context) -> dict[str, Any]:
-    from relay.postgres_local import LocalPostgres
+    from relay_dev.postgres_local import LocalPostgres
 
     opts = ctx.options
     pg = LocalPostgres(ctx.config.data_dir, ctx.config.ports.postgres, ctx.config.host)
@@ -1178,7 +1177,7 @@ def run_bench(
     options: BenchOptions, progress: Progress | None = None, host: str = "127.0.0.1"
 ) -> dict[str, Any]:
     """Start a private stack, run the chosen sections, stop it (always), write and return the result."""
-    from relay.stack import LocalStack, Part
+    from relay_dev.stack import LocalStack, Part
 
     say = progress or (lambda _m: None)
     t_start = time.monotonic()

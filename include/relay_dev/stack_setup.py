@@ -1,6 +1,6 @@
 """What ``relay stack up`` prepares before and after starting the parts: private files and the ledger.
 
-Why apart from :mod:`relay.stack` (which starts and stops processes): these are the security
+Why apart from :mod:`relay_dev.stack` (which starts and stops processes): these are the security
 defaults of the embedded stack. The data dir is private (0700: it holds the ledger, the keys and
 the Airflow password); the REST submission server's signing key is generated once (0600) and given
 to the master in a 0600 properties file, never on its command line; the configured ledger is created
@@ -16,9 +16,10 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.errors import LedgerError, StackError
 from relay.ledger.engine import create_ledger, safe_url
-from relay.postgres_local import restrict_dir
 from relay.secret_files import write_private
 from relay.spark_auth import ensure_secret_file, master_properties, read_secret_file
+
+from relay_dev.postgres_local import restrict_dir
 
 REST_UNPROTECTED = (
     "the REST submission server accepts unsigned requests (started without the JWS filter): "

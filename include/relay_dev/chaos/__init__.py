@@ -1,6 +1,6 @@
 """``relay chaos``: kill the stack's parts at random moments under load and prove nothing was lost.
 
-Developer tooling (like ``relay.bench``), never shipped in a job artifact. Modules:
+Developer tooling (like ``relay_dev.bench``), never shipped in a job artifact. Modules:
 
 - ``plan``: options and the seeded fault schedule (pure);
 - ``procs``: finding and killing the stack's processes by PID from /proc;
@@ -11,5 +11,5 @@ Developer tooling (like ``relay.bench``), never shipped in a job artifact. Modul
 - ``parts``: the private stack, one ``LocalStack`` per part so that parts restart independently;
 - ``runner``: the run on a private stack, always stopped by PID at the end.
 
-Nothing is imported here: ``relay.chaos.plan`` stays importable without the stack's modules.
+Nothing is imported here: ``relay_dev.chaos.plan`` stays importable without the stack's modules.
 """

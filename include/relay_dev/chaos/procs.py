@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from relay.stack import pid_alive, session_pids
+from relay_dev.stack import pid_alive, session_pids
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relay.chaos import procs
 from relay.config import RelayConfig
 from relay.errors import RelayError
-from relay.stack import LocalStack, Part
+
+from relay_dev.chaos import procs
+from relay_dev.stack import LocalStack, Part
 
 Progress = Callable[[str], None]
 # PostgreSQL first: every ``up`` ends by making sure the ledger exists, so the ledger's server must be up.

@@ -17,18 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relay.bench import cursors, free_port, latest_offsets, write_result
-from relay.chaos import procs
-from relay.chaos.faults import FaultEvent, Injector
-from relay.chaos.healer import HumanAction, PipelineHealer
-from relay.chaos.observe import ChaosProducer, CommitWatcher, broker_check
-from relay.chaos.parts import StackParts
-from relay.chaos.plan import ChaosOptions, make_plan
-from relay.chaos.report import audit_totals, summarize_kinds
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
 from relay.errors import RelayError
-from relay.postgres_local import LocalPostgres
-from relay.stack import Part
+
+from relay_dev.bench import cursors, free_port, latest_offsets, write_result
+from relay_dev.chaos import procs
+from relay_dev.chaos.faults import FaultEvent, Injector
+from relay_dev.chaos.healer import HumanAction, PipelineHealer
+from relay_dev.chaos.observe import ChaosProducer, CommitWatcher, broker_check
+from relay_dev.chaos.parts import StackParts
+from relay_dev.chaos.plan import ChaosOptions, make_plan
+from relay_dev.chaos.report import audit_totals, summarize_kinds
+from relay_dev.postgres_local import LocalPostgres
+from relay_dev.stack import Part
 
 Progress = Callable[[str], None]
 CHAOS_DIR = PROJECT_ROOT / "var" / "chaos"
@@ -92,7 +93,7 @@ class ChaosRun:
         self.parts = StackParts(self.config, options.postgres, self.note)
         self.airflow = None
         if options.airflow:
-            from relay.airflow_local import LocalAirflow
+            from relay_dev.airflow_local import LocalAirflow
 
             self.airflow = LocalAirflow(self.config, progress=self.note)
         self.injector = Injector(

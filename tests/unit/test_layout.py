@@ -1,0 +1,56 @@
+"""The layout keeps its promises: the runtime library stays free of Airflow, pyspark and the developer
+tooling, and a job artifact carries only the runtime."""
+
+from __future__ import annotations
+
+import ast
+import zipfile
+from pathlib import Path
+
+from relay.artifacts import build_artifact
+from relay.config import PROJECT_ROOT, RelayConfig
+
+RUNTIME = PROJECT_ROOT / "include" / "relay"
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Top-level package names imported at module level (not inside a function)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _any_level_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_runtime_library_imports_neither_airflow_nor_pyspark_at_module_level() -> None:
+    offenders = {
+        str(p.relative_to(RUNTIME)): sorted(_module_level_imports(p) & {"airflow", "pyspark"})
+        for p in RUNTIME.rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_runtime_library_never_imports_the_developer_tooling() -> None:
+    users = sorted(
+        str(p.relative_to(RUNTIME)) for p in RUNTIME.rglob("*.py") if "relay_dev" in _any_level_imports(p)
+    )
+    assert users == ["cli.py"]  # the optional registration of the developer subcommands, nothing else
+
+
+def test_job_artifact_carries_no_developer_tooling(tmp_path: Path) -> None:
+    art = build_artifact(RelayConfig(data_dir=tmp_path), "v1")
+    names = zipfile.ZipFile(art.folder / "relay_job.zip").namelist()
+    assert "relay/ledger/store.py" in names and "kafka_source.py" in names
+    assert [n for n in names if n.startswith("relay_dev") or "/stack" in n or "chaos" in n] == []
