@@ -28,21 +28,15 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.sdk import Param, get_current_context, task
 from relay.inputs import OPTIONAL_VERSION_PATTERN, VERSION_MAX_LENGTH
-from relay_airflow.notifiers import RelayAlertNotifier
+from relay_airflow.dag_factory import relay_dag
 
 log = logging.getLogger("airflow.task")
 
-with DAG(
-    dag_id="relay_deploy",
-    schedule=None,
-    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
-    catchup=False,
-    max_active_runs=1,
-    doc_md=__doc__,
-    tags=["relay"],
-    default_args={"retries": 0, "on_failure_callback": [RelayAlertNotifier()]},
+with relay_dag(
+    "relay_deploy",
+    __doc__,
     params={
         "version": Param(
             "",

@@ -25,25 +25,17 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, task
-from relay_airflow.notifiers import RelayAlertNotifier
+from airflow.sdk import task
+from relay_airflow.dag_factory import relay_dag
 
 log = logging.getLogger("airflow.task")
 
-with DAG(
-    dag_id="relay_health",
+with relay_dag(
+    "relay_health",
+    __doc__,
     schedule=timedelta(minutes=5),
-    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
-    catchup=False,
-    max_active_runs=1,
-    doc_md=__doc__,
-    tags=["relay"],
-    default_args={
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "on_failure_callback": [RelayAlertNotifier()],
-    },
+    retries=1,
 ) as dag:
 
     @task(execution_timeout=timedelta(minutes=4))

@@ -32,11 +32,11 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.sdk import Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 from relay.errors import ConfigError
 from relay.inputs import OFFSETS_SCHEMA, STRATEGIES, TIME_PATTERN, recover_inputs
-from relay_airflow.notifiers import RelayAlertNotifier
+from relay_airflow.dag_factory import relay_dag
 
 log = logging.getLogger("airflow.task")
 
@@ -57,15 +57,9 @@ def _arguments(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-with DAG(
-    dag_id="relay_recover",
-    schedule=None,
-    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
-    catchup=False,
-    max_active_runs=1,
-    doc_md=__doc__,
-    tags=["relay"],
-    default_args={"retries": 0, "on_failure_callback": [RelayAlertNotifier()]},
+with relay_dag(
+    "relay_recover",
+    __doc__,
     params={
         "strategy": Param("earliest", type="string", enum=list(STRATEGIES)),
         "time": Param(

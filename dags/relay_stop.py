@@ -22,20 +22,14 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Param, get_current_context, task
-from relay_airflow.notifiers import RelayAlertNotifier
+from airflow.sdk import Param, get_current_context, task
+from relay_airflow.dag_factory import relay_dag
 
 log = logging.getLogger("airflow.task")
 
-with DAG(
-    dag_id="relay_stop",
-    schedule=None,
-    is_paused_upon_creation=False,  # live from the first parse: no manual unpause in any Airflow
-    catchup=False,
-    max_active_runs=1,
-    doc_md=__doc__,
-    tags=["relay"],
-    default_args={"retries": 0, "on_failure_callback": [RelayAlertNotifier()]},
+with relay_dag(
+    "relay_stop",
+    __doc__,
     params={
         "timeout_seconds": Param(
             120,
