@@ -26,13 +26,6 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _table(rows: list[dict], columns: list[str]) -> str:
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
-    lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------------------- commands
 def cmd_ledger(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """``ledger init``: the explicit create (opening a ledger never creates one: a typo in
@@ -152,16 +145,6 @@ def cmd_health(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return report.to_json()
 
 
-def _human(name: str, result: Any) -> str:
-    if name == "offsets":
-        return _table(result, ["topic", "partition", "earliest", "latest", "cursor", "lag", "invalidated"])
-    if name == "audit":
-        from relay.audit import render
-
-        return render(result)
-    return json.dumps(result, indent=2, default=str)
-
-
 COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "ledger": cmd_ledger,
     "produce": cmd_produce,
@@ -266,7 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     except RelayError as exc:
         _say(f"relay {args.command}: {exc}")
         return 1
-    print(json.dumps(result, indent=2, default=str) if args.json else _human(args.command, result))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        from relay.cli_render import render
+
+        render(args.command, result)
     if args.command == "audit" and not result["ok"]:
         return 3
     if args.command == "health" and result["status"] == HEALTH_CRITICAL:

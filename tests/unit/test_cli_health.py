@@ -35,7 +35,7 @@ def unreachable_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_critical_report_exits_2_and_prints_the_summary(unreachable_stack, capsys) -> None:
-    code = main(["health"])
+    code = main(["--json", "health"])
     out, err = capsys.readouterr()
     assert code == 2
     assert err.splitlines()[0] == "orders: CRITICAL"
@@ -53,7 +53,7 @@ def test_ok_and_warn_exit_0(unreachable_stack, capsys, monkeypatch, level: Level
     check = Check("lag", level, "total lag 12 records" if level is Level.OK else "lag above 10 records")
     report = HealthReport("orders", time.time(), level, [check])
     monkeypatch.setattr(relay.health, "run_health", lambda cfg: report)  # what cmd_health imports
-    assert main(["health"]) == 0
+    assert main(["--json", "health"]) == 0
     out, err = capsys.readouterr()
     assert err.splitlines()[0] == f"orders: {level.value}"
     assert json.loads(out)["status"] == level.value
