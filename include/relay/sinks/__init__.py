@@ -1,0 +1,1 @@
+"""Executor-side sinks: each Spark task writes its rows in one fenced, idempotent sink transaction."""
