@@ -54,6 +54,10 @@ class KafkaError(RelayError):
     """The Kafka cluster could not answer (unreachable broker, unknown topic, ...)."""
 
 
+class TopicNotFoundError(KafkaError):
+    """The broker answered, and the topic does not exist (not created yet, or deleted)."""
+
+
 class SparkError(RelayError):
     """The Spark master or its REST submission server refused or failed a request."""
 

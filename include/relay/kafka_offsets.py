@@ -16,7 +16,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka import errors as kerrors
 from kafka.admin import ConfigFilterType, ConfigResource, ConfigResourceType, NewTopic
 
-from relay.errors import KafkaError
+from relay.errors import KafkaError, TopicNotFoundError
 
 
 class KafkaOffsets:
@@ -99,7 +99,7 @@ class KafkaOffsets:
     def partitions(self, topic: str) -> list[int]:
         """Sorted partition ids of ``topic``; KafkaError if the topic does not exist."""
         if topic not in self.topics():
-            raise KafkaError(f"Kafka at {self.bootstrap}: topic {topic!r} does not exist")
+            raise TopicNotFoundError(f"Kafka at {self.bootstrap}: topic {topic!r} does not exist")
         try:
             parts = self.consumer().partitions_for_topic(topic)
         except Exception as exc:

@@ -7,6 +7,7 @@ as invalidated with the recovery to run.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -57,5 +58,33 @@ def test_health_of_a_stopped_pipeline_then_retention_overtakes_it(stack: RelayCo
         assert retention.level is Level.CRITICAL and "invalidated" in retention.message
         assert "relay_recover" in retention.action and retention.data["suggested_strategy"] == "earliest"
         assert len(ledger.reports(name, "health", 10)) == 2
+    finally:
+        ledger.close()
+
+
+def test_a_missing_topic_is_the_normal_start_before_a_deploy_and_critical_after(
+    stack: RelayConfig, tmp_path
+) -> None:
+    """The broker answers and the topic does not exist: before any deploy that is how every pipeline
+    starts (WARN, not "Kafka unreachable"); once the pipeline has run on it, the topic was deleted."""
+    name = f"notopic-{uuid.uuid4().hex[:8]}"
+    config = stack.with_(pipeline=name, topic=name, ledger_url=f"sqlite:///{tmp_path / 'l.db'}")
+    ledger = Ledger(config.ledger_url, create=True)
+    try:
+        fresh = run_health(config, ledger)
+        kafka = fresh.check("kafka")
+        assert kafka.level is Level.WARN and "does not exist yet" in kafka.message
+        assert "unreachable" not in fresh.summary() and fresh.status is Level.WARN
+
+        inst, _ = create_instance(config, ledger, "v1", Color.BLUE)  # creates the topic
+        ledger.set_instance(inst.id, state=InstanceState.STOPPED)
+        with KafkaOffsets(config.kafka_bootstrap) as kafka:
+            kafka.admin().delete_topics([config.topic])
+            deadline = time.monotonic() + 30
+            while config.topic in kafka.topics() and time.monotonic() < deadline:
+                time.sleep(0.2)  # polling the broker's view with a deadline, not a fixed wait
+        after = run_health(config, ledger)
+        assert after.check("kafka").level is Level.CRITICAL and "was deleted" in after.check("kafka").message
+        assert after.status is Level.CRITICAL
     finally:
         ledger.close()

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from relay.config import RelayConfig
-from relay.errors import ConfigError, KafkaError, RelayError, SparkError
+from relay.errors import ConfigError, KafkaError, RelayError, SparkError, TopicNotFoundError
 from relay.health.checks_batches import check_dead_letters, check_latency
 from relay.health.checks_instance import check_driver, check_single_instance
 from relay.health.checks_kafka import check_lag, check_retention
@@ -162,12 +162,14 @@ def run_health(
     )
 
     kafka_error: str | None = None
+    missing_topic = False
     live_kafka = offsets is None
     if offsets is None:
         try:
             offsets = _offsets(config, ledger)
         except KafkaError as exc:
             kafka_error = str(exc)
+            missing_topic = isinstance(exc, TopicNotFoundError)
             offsets = []
     timestamps_error: str | None = None
     if timestamps is None and live_kafka and not kafka_error:
@@ -183,7 +185,9 @@ def run_health(
     current = [a for i in inv.live for a in attempts.get(i.id, []) if a.epoch == i.current_epoch]
     active_since = _active_since(current, history)
 
-    if kafka_error:
+    if missing_topic:
+        checks.append(_missing_topic(config, kafka_error or "", deployed=bool(instances)))
+    elif kafka_error:
         checks.append(
             Check(
                 "kafka",
@@ -293,3 +297,25 @@ def run_health(
             )
             report.status = Level.CRITICAL
     return report
+
+
+def _missing_topic(config: RelayConfig, error: str, deployed: bool) -> Check:
+    """The broker answers but the topic is gone: before any deploy that is the normal start (WARN); once
+    the pipeline has run, someone deleted the topic its offsets belong to (CRITICAL)."""
+    if not deployed:
+        return Check(
+            "kafka",
+            Level.WARN,
+            f"topic {config.topic!r} does not exist yet and the pipeline was never deployed; "
+            "progress, lag and retention start with the first deploy",
+            {"error": error, "topic": config.topic},
+            "create the topic (or produce to it), then `relay deploy` / the relay_deploy DAG",
+        )
+    return Check(
+        "kafka",
+        Level.CRITICAL,
+        f"topic {config.topic!r} does not exist, but the pipeline has run on it: the topic was deleted "
+        "(or RELAY_TOPIC is mistyped); its offsets in the ledger no longer match anything",
+        {"error": error, "topic": config.topic},
+        f"check the topic on {config.kafka_bootstrap}; if it was recreated, plan `relay recover`",
+    )
