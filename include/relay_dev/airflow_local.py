@@ -4,8 +4,9 @@ Why not ``airflow standalone``: it opens log servers on 0.0.0.0 and starts 32 id
 The four components started here bind 127.0.0.1, skip the log servers and run with parallelism 4.
 
 Everything lives under ``<data_dir>/airflow`` (AIRFLOW_HOME): the SQLite metadata DB, logs, the
-SimpleAuthManager password file, the generated secrets and ``pids.json``. Each component runs in its
-own session and is stopped by PID (its whole process group), never by name.
+SimpleAuthManager password file and the generated secrets. Each component is a program of the
+stack's supervisord (:mod:`relay_dev.supervision`): restarted when it dies, the leftovers of the
+previous run (a SIGKILLed scheduler's LocalExecutor workers) stopped first, stopped as a process group.
 
 The environment of the components (:func:`airflow_env`) carries the Relay configuration as ``RELAY_*``
 variables and the three connections the DAGs use (``relay_spark``, ``relay_kafka``, ``relay_ledger``)
@@ -19,7 +20,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +33,20 @@ from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import StackError
 from relay.secret_files import ensure_user_password, write_private
 
-from relay_dev.stack import pid_alive, port_taken, rss_mb, session_pids
+from relay_dev.airflow_api import (
+    ADMIN_USER,
+    FINAL_RUN_STATES,
+    AirflowApi,
+    admin_password,
+    airflow_home,
+    base_url,
+    passwords_file,
+    trigger_dag_rest,
+    wait_dag_run,
+)
+from relay_dev.ports import port_taken
+from relay_dev.proc_info import pid_alive, rss_mb
+from relay_dev.supervision import Program, Supervisor, group_pids
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +56,6 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dag-processor", ("dag-processor",)),
     ("triggerer", ("triggerer", "--skip-serve-logs")),
 )
-ADMIN_USER = "admin"
-FINAL_RUN_STATES = ("success", "failed")
-
-
-def airflow_home(config: RelayConfig) -> Path:
-    return config.data_dir / "airflow"
-
-
-def base_url(config: RelayConfig) -> str:
-    return f"http://{config.host}:{config.ports.airflow}"
-
-
-def passwords_file(config: RelayConfig) -> Path:
-    """Where SimpleAuthManager writes the generated password of ``admin`` (JSON ``{user: password}``)."""
-    return airflow_home(config) / "simple_auth_manager_passwords.json.generated"
 
 
 def airflow_bin() -> str:
@@ -242,16 +240,26 @@ def _pss_mb(pid: int) -> float:
     return 0.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class ComponentStatus:
     name: str
     pid: int | None
     alive: bool
     rss_mb: float | None
+    state: str = "NOT STARTED"
+    restarts: int = 0
+
+
+def program_name(component: str) -> str:
+    """The supervisord program of an Airflow component (its log: ``<logs>/airflow-<component>.log``)."""
+    return f"airflow-{component}"
+
+
+PROGRAMS = tuple(program_name(name) for name, _ in COMPONENTS)
 
 
 class LocalAirflow:
-    """Start, inspect and stop the four Airflow components of the embedded stack."""
+    """Start, inspect and stop the four Airflow components: programs of the stack's supervisord."""
 
     def __init__(
         self,
@@ -262,32 +270,16 @@ class LocalAirflow:
         self.config = config
         self.progress = progress or log.info
         self.health_timeout_s = health_timeout_s
-        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.supervisor = Supervisor(config.data_dir, config.logs_dir)
 
     @property
     def home(self) -> Path:
         return airflow_home(self.config)
 
-    @property
-    def pids_file(self) -> Path:
-        return self.home / "pids.json"
-
-    def _load(self) -> dict[str, int]:
-        try:
-            return {k: int(v) for k, v in json.loads(self.pids_file.read_text()).items()}
-        except (OSError, ValueError):
-            return {}
-
-    def _save(self, pids: dict[str, int]) -> None:
-        tmp = self.pids_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(pids, indent=2, sort_keys=True))
-        tmp.replace(self.pids_file)
-
-    def _alive(self, pid: int) -> bool:
-        proc = self._procs.get(pid)
-        if proc is not None:
-            return proc.poll() is None
-        return pid_alive(pid)
+    def pid(self, component: str) -> int | None:
+        """PID of ``component`` (``scheduler``, ...) as supervisord reports it; None when down."""
+        info = self.supervisor.info(program_name(component))
+        return info.pid if info and info.pid and pid_alive(info.pid) else None
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -305,58 +297,47 @@ class LocalAirflow:
     # -- start / stop / status -------------------------------------------------------------------
 
     def start(self) -> dict[str, Any]:
-        """Migrate the DB, start what is not running, wait until the API reports every part healthy."""
+        """Migrate the DB, add what is not running to supervisord, wait until the API reports healthy."""
         t0 = time.monotonic()
-        pids = self._load()
-        if pids and all(self._alive(pid) for pid in pids.values()) and self.api_healthy()[0]:
+        infos = self.supervisor.infos()
+        running = [p for p in PROGRAMS if p in infos and infos[p].state == "RUNNING"]
+        if len(running) == len(PROGRAMS) and self.api_healthy()[0]:
             self.progress(f"airflow: already running at {base_url(self.config)}")
             return self.status()
-        if any(self._alive(pid) for pid in pids.values()):
-            self.stop()
-        if port_taken(self.config.host, self.config.ports.airflow):
+        api = infos.get(program_name("api-server"))
+        api_ours = api is not None and api.state in ("STARTING", "RUNNING", "BACKOFF")
+        if not api_ours and port_taken(self.config.host, self.config.ports.airflow):
             where = f"{self.config.host}:{self.config.ports.airflow}"
             raise StackError(f"airflow: port {where} is already in use")
         migrate_s = ensure_airflow_db(self.config)
         self.progress(f"airflow: metadata DB migrated in {migrate_s}s")
         env = airflow_env(self.config)
-        logs = self.config.logs_dir
-        logs.mkdir(parents=True, exist_ok=True)
-        pids = {}
+        self.config.logs_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.supervisor.ensure_running()
             for name, args in COMPONENTS:
-                with open(logs / f"airflow-{name}.log", "ab") as out:
-                    proc = subprocess.Popen(
-                        [airflow_bin(), *args],
-                        env=env,
-                        cwd=self.home,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                self._procs[proc.pid] = proc
-                pids[name] = proc.pid
-                self._save(pids)
-            self._wait_healthy(pids)
+                cmd = [airflow_bin(), *args]
+                program = Program(program_name(name), cmd, env, self.home, "TERM", startsecs=10, priority=400)
+                self.supervisor.ensure_program(program)
+            self._wait_healthy()
         except BaseException:
             self.stop()
             raise
+        self.supervisor.mark_baseline(list(PROGRAMS))
         result = self.status()
         result["seconds"] = round(time.monotonic() - t0, 2)
         result["migrate_seconds"] = migrate_s
         self.progress(f"airflow: healthy in {result['seconds']}s at {result['url']}; {result['login']}")
         return result
 
-    def _wait_healthy(self, pids: dict[str, int]) -> None:
+    def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.health_timeout_s
         detail = ""
         while time.monotonic() < deadline:
-            dead = [name for name, pid in pids.items() if not self._alive(pid)]
+            infos = self.supervisor.infos()
+            dead = [p for p in PROGRAMS if p not in infos or infos[p].state in ("FATAL", "STOPPED", "EXITED")]
             if dead:
-                raise StackError(
-                    f"airflow {dead[0]} exited during start; see "
-                    f"{self.config.logs_dir / ('airflow-' + dead[0] + '.log')}"
-                )
+                raise StackError(f"{dead[0]} did not start; see {self.config.logs_dir / (dead[0] + '.log')}")
             healthy, detail = self.api_healthy()
             if healthy and passwords_file(self.config).exists():
                 return
@@ -371,14 +352,19 @@ class LocalAirflow:
         )
 
     def status(self) -> dict[str, Any]:
-        parts = [
-            ComponentStatus(name, pid, self._alive(pid), rss_mb(pid) if self._alive(pid) else None)
-            for name, pid in self._load().items()
-        ]
+        infos = self.supervisor.infos()
+        parts = []
+        for name, _ in COMPONENTS:
+            info = infos.get(program_name(name))
+            if info is None:
+                continue
+            pid = info.pid if info.pid and pid_alive(info.pid) else None
+            restarts = self.supervisor.restarts(program_name(name))
+            parts.append(ComponentStatus(name, pid, pid is not None, rss_mb(pid), info.state, restarts))
         healthy, detail = self.api_healthy()
-        # PSS of every process of the four sessions (the scheduler's LocalExecutor workers are its
+        # PSS of every process of the four groups (the scheduler's LocalExecutor workers are its
         # children); summed RSS would count the pages they share twice (~1.5 GB instead of ~750 MB).
-        pss = sum(_pss_mb(p) for part in parts if part.alive for p in session_pids(part.pid or 0))
+        pss = sum(_pss_mb(p) for part in parts if part.pid for p in group_pids(part.pid))
         return {
             "url": base_url(self.config),
             "home": str(self.home),
@@ -390,137 +376,36 @@ class LocalAirflow:
         }
 
     def stop(self, timeout_s: float = 30) -> dict[str, Any]:
-        """SIGTERM each recorded process group, SIGKILL what is left after ``timeout_s``."""
+        """Stop the four programs (their groups; supervisord KILLs after 30 s), verify none is left."""
         t0 = time.monotonic()
-        pids = self._load()
-        for pid in pids.values():
-            self._signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(self._left(pid) for pid in pids.values()):
-            time.sleep(0.2)
-        killed = [name for name, pid in pids.items() if self._left(pid)]
-        for name in killed:
-            self._signal(pids[name], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(self._left(pid) for pid in pids.values()):
-            time.sleep(0.2)
-        left = {name: session_pids(pid) for name, pid in pids.items() if self._left(pid)}
+        known = set(self.supervisor.infos()) | set(self.supervisor.configured())
+        stopped = [name for name, _ in COMPONENTS if program_name(name) in known]
+        for name in stopped:
+            how = self.supervisor.remove_program(program_name(name))
+            self.progress(f"airflow {name}: {how}")
+        killed = [name for name, _ in COMPONENTS if self.supervisor.clear_leftovers(program_name(name), 5)]
+        left = {p: self.supervisor.leftovers(p) for p in PROGRAMS}
+        left = {k: v for k, v in left.items() if v}
         if left:
-            raise StackError(f"airflow processes left after SIGKILL: {left}")
-        self.pids_file.unlink(missing_ok=True)
-        return {"stopped": sorted(pids), "killed": killed, "seconds": round(time.monotonic() - t0, 2)}
-
-    def _left(self, pid: int) -> bool:
-        proc = self._procs.get(pid)
-        if proc is not None:
-            proc.poll()  # reap our own child so it does not linger as a zombie
-        return self._alive(pid) or bool(session_pids(pid))
-
-    @staticmethod
-    def _signal(pid: int, sig: signal.Signals) -> None:
-        try:
-            os.killpg(pid, sig)  # the component was started as its own session and group leader
-        except ProcessLookupError:
-            pass
+            raise StackError(f"airflow processes left after stopping: {left}")
+        return {"stopped": sorted(stopped), "killed": killed, "seconds": round(time.monotonic() - t0, 2)}
 
 
-# -- REST --------------------------------------------------------------------------------------------
-
-
-def admin_password(config: RelayConfig) -> str:
-    try:
-        return json.loads(passwords_file(config).read_text())[ADMIN_USER]
-    except (OSError, ValueError, KeyError) as exc:
-        raise StackError(
-            f"no password for {ADMIN_USER} in {passwords_file(config)}: is Airflow started?"
-        ) from exc
-
-
-class AirflowApi:
-    """A small client of the public REST API (v2) with a JWT from ``POST /auth/token``."""
-
-    def __init__(self, config: RelayConfig, timeout_s: float = 15) -> None:
-        self.url = base_url(config)
-        self.config = config
-        self.timeout_s = timeout_s
-        self._session = requests.Session()
-        self._token: str | None = None
-
-    def _auth(self) -> dict[str, str]:
-        if self._token is None:
-            body = {"username": ADMIN_USER, "password": admin_password(self.config)}
-            reply = self._call("POST", "/auth/token", json=body, auth=False)
-            self._token = str(reply["access_token"])
-        return {"Authorization": f"Bearer {self._token}"}
-
-    def _call(
-        self, method: str, path: str, auth: bool = True, ok: tuple[int, ...] = (200, 201), **kwargs: Any
-    ) -> dict[str, Any]:
-        headers = self._auth() if auth else {}
-        try:
-            response = self._session.request(
-                method, f"{self.url}{path}", headers=headers, timeout=self.timeout_s, **kwargs
-            )
-        except requests.RequestException as exc:
-            raise StackError(f"Airflow at {self.url}: {method} {path} failed: {exc}") from exc
-        if response.status_code not in ok:
-            raise StackError(
-                f"Airflow at {self.url}: {method} {path} answered HTTP {response.status_code}: "
-                f"{response.text[:500]}"
-            )
-        return response.json()
-
-    def dag(self, dag_id: str) -> dict[str, Any] | None:
-        try:
-            return self._call("GET", f"/api/v2/dags/{dag_id}")
-        except StackError as exc:
-            if "HTTP 404" in str(exc):
-                return None
-            raise
-
-    def wait_dag(self, dag_id: str, timeout_s: float = 120) -> dict[str, Any]:
-        """Wait until the dag-processor has parsed ``dag_id`` (a trigger before that is a 404)."""
-        deadline = time.monotonic() + timeout_s
-        while (found := self.dag(dag_id)) is None:
-            if time.monotonic() > deadline:
-                raise StackError(f"DAG {dag_id} not parsed within {timeout_s:.0f}s (see import errors)")
-            time.sleep(1)
-        return found
-
-    def unpause(self, dag_id: str) -> None:
-        self._call("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
-
-    def trigger(self, dag_id: str, conf: dict[str, Any]) -> dict[str, Any]:
-        """``POST /api/v2/dags/{id}/dagRuns``; a conf failing Param validation is a 400 (StackError)."""
-        return self._call("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
-
-    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
-
-
-def trigger_dag_rest(
-    config: RelayConfig, dag_id: str, conf: dict[str, Any], unpause: bool = True, parse_timeout_s: float = 120
-) -> dict[str, Any]:
-    """Trigger ``dag_id`` through the REST API; returns the created dag run (``dag_run_id``, ``state``).
-
-    DAGs are paused at creation; a manual trigger states intent, so ``unpause`` (default) unpauses the
-    DAG, otherwise the run would stay queued.
-    """
-    api = AirflowApi(config)
-    found = api.wait_dag(dag_id, parse_timeout_s)
-    if unpause and found.get("is_paused"):
-        api.unpause(dag_id)
-    return api.trigger(dag_id, conf)
-
-
-def wait_dag_run(config: RelayConfig, dag_id: str, run_id: str, timeout: float = 600) -> dict[str, Any]:
-    """Poll the dag run until it is ``success`` or ``failed``; StackError on timeout. Returns the run."""
-    api = AirflowApi(config)
-    deadline = time.monotonic() + timeout
-    while True:
-        run = api.dag_run(dag_id, run_id)
-        if run.get("state") in FINAL_RUN_STATES:
-            return run
-        if time.monotonic() > deadline:
-            raise StackError(f"dag run {dag_id}/{run_id} still {run.get('state')} after {timeout:.0f}s")
-        time.sleep(1)
+__all__ = [
+    "ADMIN_USER",
+    "COMPONENTS",
+    "FINAL_RUN_STATES",
+    "AirflowApi",
+    "LocalAirflow",
+    "admin_password",
+    "airflow_bin",
+    "airflow_env",
+    "airflow_home",
+    "base_url",
+    "config_env",
+    "connection_env",
+    "ensure_airflow_db",
+    "passwords_file",
+    "trigger_dag_rest",
+    "wait_dag_run",
+]

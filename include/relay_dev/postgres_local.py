@@ -80,7 +80,11 @@ def find_bin_dir() -> Path:
 
 
 class LocalPostgres:
-    """initdb once, start/stop with pg_ctl; the cluster lives in ``<data_dir>/postgres``."""
+    """initdb once; the cluster lives in ``<data_dir>/postgres``.
+
+    The embedded stack runs :meth:`server_command` under its supervisor; :meth:`start`/:meth:`stop`
+    (pg_ctl) serve the standalone throwaway clusters of tests and benchmarks.
+    """
 
     def __init__(self, data_dir: Path | str, port: int, host: str = "127.0.0.1") -> None:
         self.data_dir = Path(data_dir)
@@ -202,6 +206,29 @@ class LocalPostgres:
             timeout=10,
         )
         return done.returncode == 0
+
+    def server_command(self) -> list[str]:
+        """``postgres`` in the foreground (the embedded stack's supervisor runs it; SIGINT = fast stop)."""
+        return [
+            str(find_bin_dir() / "postgres"),
+            "-D",
+            str(self.pgdata),
+            "-h",
+            self.host,
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.socket_dir),
+        ]
+
+    @property
+    def run_as(self) -> str | None:
+        """The OS user the server must run as (``postgres`` when we are root), else None."""
+        return self._run_kwargs().get("user")
+
+    def ensure_database(self) -> None:
+        """The ``relay`` database, on a running server (idempotent)."""
+        self._create_database()
 
     def start(self, timeout_s: float = 60) -> str:
         """Start (initdb first if needed), create the ``relay`` database; return its URL."""

@@ -1,20 +1,24 @@
 """The embedded stack on one machine: a noida-db Kafka broker, a Spark standalone master (with its REST
 submission server) and worker, optionally a throwaway PostgreSQL.
 
-Each process runs in its own session with its log in ``<data_dir>/logs/<part>.log``; PIDs are recorded
-in ``<data_dir>/stack.json`` so that ``down`` stops exactly what ``up`` started, from any process.
-``up`` is idempotent: healthy parts are reused. Drivers are children of the worker (same session):
-stopping the worker's session stops them too, and ``down`` waits until no process of it is left.
+Every part is a program of the data dir's supervisord (:mod:`relay_dev.supervision`): a part that
+dies is restarted without a person, its leftovers cleared first (:mod:`relay_dev.supervised_exec`).
+This module says what each part runs and how to tell it is healthy; ``up`` is idempotent (healthy
+parts are reused, missing ones added), ``down`` stops every program and supervisord and verifies
+that no process of any part's group is left. Drivers are children of the worker, in its group.
+
+Worker restarts: what is left of the previous worker's group (drivers, executors) is stopped before
+the new worker starts, as when a worker host is lost (systemd's KillMode=control-group). A driver
+JVM fate-shares with its worker anyway (Spark's WorkerWatcher exits it when the worker goes), and
+the master relaunches a supervised driver on the new worker under a new driver id, which Relay
+follows; a lingering old driver would only be a second writer on the checkpoint.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import signal
-import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,7 +36,9 @@ from relay.spark_rest import SparkStandaloneClient
 
 from relay_dev.ports import port_taken
 from relay_dev.postgres_local import LocalPostgres
+from relay_dev.proc_info import pid_alive, rss_mb, session_pids
 from relay_dev.stack_setup import REST_UNPROTECTED, ensure_ledger, master_properties_file, prepare_data_dir
+from relay_dev.supervision import Program, ProgramInfo, Supervisor, group_pids
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,8 @@ class PartStatus:
     healthy: bool
     detail: str
     rss_mb: float | None = None
+    state: str = "NOT STARTED"
+    restarts: int = 0
 
 
 def noida_binary() -> Path:
@@ -68,48 +76,14 @@ def noida_binary() -> Path:
     return path
 
 
-def pid_alive(pid: int | None) -> bool:
-    """True for a live (not zombie) process."""
-    if not pid:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+__all__ = ["LocalStack", "Part", "PartStatus", "group_pids", "pid_alive", "rss_mb", "session_pids"]
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session ``sid`` (a part's process and every child it left behind)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # after the command: state ppid pgrp session ...
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
-
-
-def rss_mb(pid: int | None) -> float | None:
-    """Resident memory of one process, in MiB."""
-    if not pid:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
+STOP_ORDER = (Part.SPARK_WORKER, Part.SPARK_MASTER, Part.KAFKA, Part.POSTGRES)
 
 
 class LocalStack:
-    """Start, inspect and stop the embedded stack described by ``config``."""
+    """Start, inspect and stop the embedded stack described by ``config`` (through supervisord)."""
 
     def __init__(
         self,
@@ -120,31 +94,7 @@ class LocalStack:
         self.config = config
         self.progress = progress or log.info
         self.health_timeout_s = health_timeout_s
-        self._procs: dict[int, subprocess.Popen[bytes]] = {}  # children of this process, to reap
-
-    # -- paths and state -------------------------------------------------------------------------
-
-    @property
-    def state_file(self) -> Path:
-        return self.config.data_dir / "stack.json"
-
-    def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _save(self, state: dict[str, dict[str, Any]]) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-        tmp.replace(self.state_file)
-
-    def _alive(self, pid: int | None) -> bool:
-        proc = self._procs.get(pid or 0)
-        if proc is not None:
-            return proc.poll() is None
-        return pid_alive(pid)
+        self.supervisor = Supervisor(config.data_dir, config.logs_dir)
 
     def _client(self, timeout_s: float = 3) -> SparkStandaloneClient:
         c = self.config
@@ -170,73 +120,47 @@ class LocalStack:
                 "SPARK_DAEMON_MEMORY": "256m",
                 "SPARK_DAEMON_JAVA_OPTS": f"-Djava.io.tmpdir={tmp} -XX:+UseSerialGC -XX:-UsePerfData",
                 "SPARK_NO_DAEMONIZE": "1",
-                "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", _python()),
+                "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             }
         )
         return env
 
-    # -- commands of each part -------------------------------------------------------------------
+    # -- what each part runs ---------------------------------------------------------------------
 
-    def _command(self, part: Part) -> tuple[list[str], dict[str, str]]:
+    def _program(self, part: Part) -> Program:
+        """The part as a supervisord program: command, environment, stop signal."""
         c, p = self.config, self.config.ports
         if part is Part.KAFKA:
             kafka_dir = c.data_dir / "kafka"
             kafka_dir.mkdir(parents=True, exist_ok=True)
-            cmd = [
-                str(noida_binary()),
-                "start",
-                "--only",
-                "kafka",
-                "--host",
-                c.host,
-                "--kafka-port",
-                str(p.kafka),
-                "--data-dir",
-                str(kafka_dir),
-            ]
-            return cmd, dict(os.environ)
+            cmd = [str(noida_binary()), "start", "--only", "kafka", "--host", c.host]
+            cmd += ["--kafka-port", str(p.kafka), "--data-dir", str(kafka_dir)]
+            return Program(part.value, cmd, dict(os.environ), c.data_dir, "INT", startsecs=3, priority=100)
+        if part is Part.POSTGRES:
+            pg = self._postgres()
+            pg.init()
+            return Program(
+                part.value, pg.server_command(), dict(os.environ), pg.root, "INT", pg.run_as, 3, priority=100
+            )
         spark_class = str(spark_home() / "bin" / "spark-class")
         env = self._spark_env()
         if part is Part.SPARK_MASTER:
             env.pop("SPARK_MASTER_OPTS", None)  # every master setting is in the properties file
-            cmd = [
-                spark_class,
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                c.host,
-                "--port",
-                str(p.spark_master),
-                "--webui-port",
-                str(p.spark_master_ui),
-                "--properties-file",
-                str(master_properties_file(self.config)),
-            ]
-            return cmd, env
-        if part is Part.SPARK_WORKER:
-            work_dir = c.spark_dir / "work"
-            work_dir.mkdir(parents=True, exist_ok=True)
-            env["SPARK_WORKER_OPTS"] = (
-                "-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600 "
-                "-Dspark.worker.cleanup.appDataTtl=86400"
-            )
-            env["SPARK_WORKER_DIR"] = str(work_dir)
-            cmd = [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                "--host",
-                c.host,
-                "--cores",
-                str(c.worker_cores),
-                "--memory",
-                c.worker_memory,
-                "--work-dir",
-                str(work_dir),
-                "--webui-port",
-                str(p.spark_worker_ui),
-                c.spark_master_url,
-            ]
-            return cmd, env
-        raise StackError(f"no command for {part.value}")
+            cmd = [spark_class, "org.apache.spark.deploy.master.Master", "--host", c.host]
+            cmd += ["--port", str(p.spark_master), "--webui-port", str(p.spark_master_ui)]
+            cmd += ["--properties-file", str(master_properties_file(self.config))]
+            return Program(part.value, cmd, env, c.data_dir, "TERM", priority=200)
+        work_dir = c.spark_dir / "work"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        env["SPARK_WORKER_OPTS"] = (
+            "-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600 "
+            "-Dspark.worker.cleanup.appDataTtl=86400"
+        )
+        env["SPARK_WORKER_DIR"] = str(work_dir)
+        cmd = [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", c.host]
+        cmd += ["--cores", str(c.worker_cores), "--memory", c.worker_memory, "--work-dir", str(work_dir)]
+        cmd += ["--webui-port", str(p.spark_worker_ui), c.spark_master_url]
+        return Program(part.value, cmd, env, c.data_dir, "TERM", priority=300)
 
     def _ports(self, part: Part) -> list[int]:
         p = self.config.ports
@@ -256,9 +180,12 @@ class LocalStack:
             Part.POSTGRES: f"{c.host}:{c.ports.postgres}",
         }[part]
 
+    def _log(self, part: Part) -> Path:
+        return self.config.logs_dir / f"{part.value}.log"
+
     # -- health ----------------------------------------------------------------------------------
 
-    def _probe(self, part: Part) -> tuple[bool, str]:
+    def probe(self, part: Part) -> tuple[bool, str]:
         """(healthy, detail) of one part, from the outside (what a client sees)."""
         try:
             if part is Part.KAFKA:
@@ -308,198 +235,140 @@ class LocalStack:
             return False, str(exc)
         return False, "unknown part"
 
-    def _wait_healthy(self, part: Part, pid: int | None) -> str:
-        deadline = time.monotonic() + self.health_timeout_s
+    def wait_healthy(self, part: Part, timeout_s: float | None = None) -> str:
+        """Poll the part's probe until healthy; StackError when supervisord gave up (FATAL) or late."""
+        timeout_s = self.health_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         detail = ""
         while time.monotonic() < deadline:
-            healthy, detail = self._probe(part)
+            healthy, detail = self.probe(part)
             if healthy:
                 return detail
-            if pid is not None and not self._alive(pid):
-                raise StackError(
-                    f"{part.value} (pid {pid}) exited before becoming healthy: {detail}; "
-                    f"see {self.config.logs_dir / (part.value + '.log')}"
-                )
+            info = self.supervisor.info(part.value)
+            if info is None or info.state in ("FATAL", "STOPPED", "EXITED"):
+                state = info.state if info else "not configured"
+                raise StackError(f"{part.value} is {state} ({detail}); see {self._log(part)}")
             time.sleep(0.5)
-        raise StackError(
-            f"{part.value} not healthy after {self.health_timeout_s}s: {detail}; "
-            f"see {self.config.logs_dir / (part.value + '.log')}"
-        )
+        raise StackError(f"{part.value} not healthy after {timeout_s}s: {detail}; see {self._log(part)}")
 
     # -- up / down / status ----------------------------------------------------------------------
 
     def parts(self, with_postgres: bool | None = None) -> list[Part]:
         if with_postgres is None:
-            with_postgres = Part.POSTGRES.value in self._load()
+            with_postgres = Part.POSTGRES.value in self.supervisor.configured()
         base = [Part.KAFKA, Part.SPARK_MASTER, Part.SPARK_WORKER]
         return [*base, Part.POSTGRES] if with_postgres else base
 
+    def pid(self, part: Part | str) -> int | None:
+        """The part's PID as supervisord reports it (it changes at every restart), None when down."""
+        info = self.supervisor.info(str(part))
+        return info.pid if info and info.pid and pid_alive(info.pid) else None
+
     def up(self, with_postgres: bool = False) -> dict[str, Any]:
-        """Start what is not running, reuse what is healthy; return ``status()`` plus timings."""
+        """Start supervisord and what is not running, reuse what is healthy; ``status()`` + timings."""
         started = time.monotonic()
         prepare_data_dir(self.config, self.progress)
+        parts = self.parts(with_postgres or None)
+        infos = self.supervisor.infos()
+        for part in parts:  # before supervisord starts: a refused `up` leaves nothing running
+            self._preflight(part, infos.get(part.value))
+        self.supervisor.ensure_running()
         timings: dict[str, float] = {}
-        for part in self.parts(with_postgres):
+        for part in parts:
             t0 = time.monotonic()
-            self._up_one(part)
+            self.up_part(part)
             timings[part.value] = round(time.monotonic() - t0, 2)
+        self.supervisor.mark_baseline([p.value for p in parts])
         t0 = time.monotonic()
         ledger = ensure_ledger(self.config, self.progress)
         timings["ledger"] = round(time.monotonic() - t0, 2)
-        result = self.status(with_postgres)
+        result = self.status(with_postgres or None)
         result["ledger"] = ledger
         result["seconds"] = round(time.monotonic() - started, 2)
         result["timings"] = timings
-        self.progress(f"stack up in {result['seconds']}s")
+        self.progress(f"stack up in {result['seconds']}s (supervisord pid {self.supervisor.pid()})")
         return result
 
-    def _up_one(self, part: Part) -> None:
-        state = self._load()
-        entry = state.get(part.value, {})
-        pid = entry.get("pid")
-        healthy, detail = self._probe(part)
-        if part is Part.POSTGRES and healthy and pid is None:
-            pid = self._postgres().pid()  # our own cluster (its pid file is in our data dir): adopt it
-            if pid is not None:
-                state[part.value] = {"pid": pid, "address": self._address(part), "started": time.time()}
-                self._save(state)
-        if part is Part.SPARK_MASTER and detail == REST_UNPROTECTED:
-            raise StackError(f"{part.value}: {detail}")
-        if healthy and pid is not None and self._alive(pid):
-            self.progress(f"{part.value}: already healthy at {self._address(part)} ({detail})")
+    def _preflight(self, part: Part, info: ProgramInfo | None) -> None:
+        """Refuse ports someone else holds (what our own part's leftovers hold, its wrapper clears)."""
+        if info is not None and info.state in ("STARTING", "RUNNING", "BACKOFF"):
             return
-        if healthy:
-            ports = ", ".join(f"{self.config.host}:{p}" for p in self._ports(part))
+        taken = [p for p in self._ports(part) if port_taken(self.config.host, p)]
+        if not taken or self.supervisor.leftovers(part.value):
+            return
+        ports = ", ".join(f"{self.config.host}:{p}" for p in taken)
+        if self.probe(part)[0]:
             raise StackError(
-                f"{part.value}: port(s) {ports} answer but the process was not started by this stack "
-                f"({self.state_file}); stop it or choose other ports"
+                f"{part.value}: port(s) {ports} answer but the process is not run by this stack's "
+                f"supervisor ({self.supervisor.conf_file}); stop it or choose other ports"
             )
-        if pid is not None and self._alive(pid):
-            self.progress(f"{part.value}: pid {pid} alive but not healthy yet, waiting")
-            self._wait_healthy(part, pid)
-            return
-        for port in self._ports(part):
-            if port_taken(self.config.host, port):
-                raise StackError(f"{part.value}: port {self.config.host}:{port} is already in use")
-        self.progress(f"{part.value}: starting at {self._address(part)}")
+        raise StackError(f"{part.value}: port(s) {ports} already in use")
+
+    def up_part(self, part: Part) -> None:
+        """One part: reused when healthy, else configured and (re)started; waits until healthy."""
+        info = self.supervisor.info(part.value)
+        if info is not None and info.state == "RUNNING":
+            healthy, detail = self.probe(part)
+            if detail == REST_UNPROTECTED:
+                raise StackError(f"{part.value}: {detail}")
+            if healthy:
+                self.progress(f"{part.value}: already healthy at {self._address(part)} ({detail})")
+                return
+        done = self.supervisor.ensure_program(self._program(part))
+        self.progress(f"{part.value}: {done} at {self._address(part)}, waiting until healthy")
+        detail = self.wait_healthy(part)
         if part is Part.POSTGRES:
-            pg = self._postgres()
-            pg.start(self.health_timeout_s)
-            state[part.value] = {"pid": pg.pid(), "address": self._address(part), "started": time.time()}
-            self._save(state)
-            return
-        cmd, env = self._command(part)
-        log_path = self.config.logs_dir / f"{part.value}.log"
-        with open(log_path, "ab") as log_file:
-            try:
-                proc = subprocess.Popen(
-                    cmd,
-                    env=env,
-                    cwd=self.config.data_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise StackError(f"{part.value}: cannot start {cmd[0]}: {exc}") from exc
-        self._procs[proc.pid] = proc
-        state[part.value] = {
-            "pid": proc.pid,
-            "address": self._address(part),
-            "log": str(log_path),
-            "cmd": cmd,
-            "started": time.time(),
-        }
-        self._save(state)
-        detail = self._wait_healthy(part, proc.pid)
-        self.progress(f"{part.value}: healthy (pid {proc.pid}): {detail}")
+            self._postgres().ensure_database()
+        self.progress(f"{part.value}: healthy (pid {self.pid(part)}): {detail}")
 
     def status(self, with_postgres: bool | None = None) -> dict[str, Any]:
-        """Per part: name, address, pid, healthy, detail, RSS."""
-        state = self._load()
+        """Per part: name, address, supervisor state, pid, healthy, detail, RSS, restarts since up."""
+        infos = self.supervisor.infos()
         parts = []
         for part in self.parts(with_postgres):
-            pid = state.get(part.value, {}).get("pid")
-            if pid is not None and not self._alive(pid):
-                pid = None
-            healthy, detail = self._probe(part)
-            parts.append(
-                asdict(PartStatus(part.value, self._address(part), pid, healthy, detail, rss_mb(pid)))
-            )
+            info = infos.get(part.value)
+            pid = info.pid if info and info.pid and pid_alive(info.pid) else None
+            healthy, detail = self.probe(part)
+            row = PartStatus(part.value, self._address(part), pid, healthy, detail, rss_mb(pid))
+            row.state = info.state if info else "NOT STARTED"
+            row.restarts = self.supervisor.restarts(part.value)
+            parts.append(asdict(row))
         return {
             "data_dir": str(self.config.data_dir),
             "healthy": all(p["healthy"] for p in parts),
+            "supervisor": {
+                "pid": self.supervisor.pid() if infos else None,
+                "conf": str(self.supervisor.conf_file),
+            },
             "parts": parts,
         }
 
-    def down(self, timeout_s: float = 30) -> dict[str, Any]:
-        """Stop exactly the processes this stack recorded (worker first), wait until none is left."""
+    def down(self, timeout_s: float = 60) -> dict[str, Any]:
+        """Stop every program (Airflow, worker, master, broker, PostgreSQL) and supervisord; verify
+        that no process of any part's recorded group is left (what is, is stopped by PID)."""
         started = time.monotonic()
-        state = self._load()
+        sup = self.supervisor
+        known = set(sup.configured()) | set(sup.infos())
+        stack_names = [p.value for p in STOP_ORDER]
+        order = sorted(known - set(stack_names)) + [n for n in stack_names if n in known]
         stopped: list[dict[str, Any]] = []
-        order = [Part.SPARK_WORKER, Part.SPARK_MASTER, Part.KAFKA, Part.POSTGRES]
-        for part in order:
-            entry = state.get(part.value)
-            if entry is None:
-                continue
+        for name in order:
             t0 = time.monotonic()
-            pid = entry.get("pid")
-            if part is Part.POSTGRES:
-                was_running = self._postgres().stop(timeout_s)
-                how = "pg_ctl stop -m fast" if was_running else "not running"
-            else:
-                how = self._stop_session(part, pid, timeout_s)
-            stopped.append(
-                {"name": part.value, "pid": pid, "how": how, "seconds": round(time.monotonic() - t0, 2)}
-            )
-            self.progress(f"{part.value}: stopped (pid {pid}, {how})")
-            del state[part.value]
-            self._save(state)
-        leftovers = {
-            str(e["pid"]): session_pids(int(e["pid"]))
-            for e in stopped
-            if e["pid"] and e["name"] != "postgres"
-        }
-        leftovers = {k: v for k, v in leftovers.items() if v}
-        if leftovers:
-            raise StackError(f"processes left after stopping the stack (session -> pids): {leftovers}")
-        return {"stopped": stopped, "seconds": round(time.monotonic() - started, 2)}
-
-    def _stop_session(self, part: Part, pid: int | None, timeout_s: float) -> str:
-        """Signal the part's whole session: SIGINT (noida) or SIGTERM (Spark), then SIGKILL."""
-        if not pid:
-            return "no pid"
-        if not self._alive(pid) and not session_pids(pid):
-            self._reap(pid)
-            return "not running"
-        first = signal.SIGINT if part is Part.KAFKA else signal.SIGTERM
-        for sig, wait in ((first, timeout_s), (signal.SIGTERM, 5), (signal.SIGKILL, 10)):
-            self._signal_session(pid, sig)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                self._reap(pid)
-                if not self._alive(pid) and not session_pids(pid):
-                    return sig.name
-                time.sleep(0.1)
-        raise StackError(f"{part.value}: pid {pid} or its session survived SIGKILL: {session_pids(pid)}")
-
-    def _signal_session(self, sid: int, sig: signal.Signals) -> None:
-        """The part's own process first (it may stop its children cleanly), then all of its session."""
-        targets = [sid] if self._alive(sid) else session_pids(sid)
-        if sig is signal.SIGKILL:
-            targets = [sid, *session_pids(sid)]
-        for pid in targets:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    def _reap(self, pid: int) -> None:
-        proc = self._procs.get(pid)
-        if proc is not None and proc.poll() is not None:
-            self._procs.pop(pid, None)
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
+            pid = self.pid(name)
+            how = sup.remove_program(name)
+            stopped.append({"name": name, "pid": pid, "how": how, "seconds": round(time.monotonic() - t0, 2)})
+            self.progress(f"{name}: {how} (pid {pid})")
+        sup.shutdown(timeout_s)
+        swept = {}
+        for name in {*order, *stack_names}:
+            if sup.leftovers(name):
+                swept[name] = sup.clear_leftovers(name)
+        if swept:
+            self.progress(f"stopped leftovers of the parts' groups by PID: {swept}")
+        left = {name: sup.leftovers(name) for name in {*order, *stack_names}}
+        left = {k: v for k, v in left.items() if v}
+        if left:
+            raise StackError(f"processes left after stopping the stack (part -> pids): {left}")
+        for name in order:
+            sup.group_file(name).unlink(missing_ok=True)
+        return {"stopped": stopped, "swept": swept, "seconds": round(time.monotonic() - started, 2)}

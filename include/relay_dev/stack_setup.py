@@ -37,12 +37,18 @@ def prepare_data_dir(config: RelayConfig, progress: Callable[[str], None]) -> No
 
 
 def master_properties_file(config: RelayConfig) -> Path:
-    """The master's REST settings and signing key, in a 0600 file it reads at start.
+    """The master's REST settings, signing key and recovery mode, in a 0600 file it reads at start.
 
     A file, not ``-D`` options in SPARK_MASTER_OPTS: a JVM's options show in ``ps`` and in the
     master's log. Rewritten at each start from the key file (the key itself never changes).
     """
+    recovery = config.spark_dir / "recovery"
+    recovery.mkdir(parents=True, exist_ok=True, mode=0o700)
     props = {
+        # A master restarted by the supervisor reads back its workers, applications and drivers
+        # (without it, it knows no driver and the worker is told to kill the one it runs).
+        "spark.deploy.recoveryMode": "FILESYSTEM",
+        "spark.deploy.recoveryDirectory": str(recovery),
         "spark.master.rest.enabled": "true",
         "spark.master.rest.port": str(config.ports.spark_rest),
         "spark.master.rest.host": config.host,

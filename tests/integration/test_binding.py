@@ -22,7 +22,7 @@ from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.producer import produce
 from relay.spark_rest import DriverState
-from relay_dev.stack import LocalStack, Part
+from relay_dev.stack import LocalStack, Part, pid_alive
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for
@@ -111,12 +111,13 @@ def test_after_a_worker_loss_relay_follows_the_relaunched_driver_and_stops_it_gr
     first = deploy(cfg, version="v1", wait_s=240)
     inst_id = first["instance_id"]
     local = LocalStack(stack)
-    worker_pid = local._load()[Part.SPARK_WORKER.value]["pid"]
+    worker_pid = local.pid(Part.SPARK_WORKER)
+    assert worker_pid
     try:
         os.killpg(worker_pid, signal.SIGKILL)  # the worker host is gone: worker JVM and its drivers
-        wait_for("the worker to be dead", lambda: not local._alive(worker_pid), timeout=30)
+        wait_for("the worker to be dead", lambda: not pid_alive(worker_pid), timeout=30)
     finally:
-        local.up()  # a new worker registers; the master relaunches the driver there
+        local.up()  # supervisord restarted the worker already: up only waits until it is healthy
     wait_for(
         "a new attempt under a new driver id",
         lambda: any(

@@ -1,9 +1,11 @@
 """The embedded stack for real: health, Kafka offsets as the broker reports them, a cluster-mode
-Python driver through the REST server, and a down() that leaves no process behind."""
+Python driver through the REST server, and a down() that stops every supervised part and
+supervisord and leaves no process behind."""
 
 from __future__ import annotations
 
 import shutil
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +18,7 @@ from relay.kafka_offsets import KafkaOffsets
 from relay.producer import highest_counter, produce
 from relay.spark_auth import signer_for
 from relay.spark_rest import DriverState, SparkStandaloneClient, driver_environment, driver_properties
-from relay_dev.stack import LocalStack, pid_alive, session_pids
+from relay_dev.stack import LocalStack, group_pids, pid_alive
 
 from tests.conftest import wait_for
 from tests.integration.conftest import private_data_dir, stack_env
@@ -32,15 +34,20 @@ def test_stack_reports_every_part_healthy_and_up_is_idempotent(stack: RelayConfi
     assert status["healthy"], status
     assert [p["name"] for p in status["parts"]] == ["kafka", "spark-master", "spark-worker"]
     assert all(p["pid"] and pid_alive(p["pid"]) for p in status["parts"])
+    assert all(p["state"] in ("STARTING", "RUNNING") for p in status["parts"]), status
+    assert pid_alive(status["supervisor"]["pid"])
     again = local.up()
     assert [p["pid"] for p in again["parts"]] == [p["pid"] for p in status["parts"]]
+    assert [p["restarts"] for p in again["parts"]] == [0, 0, 0]
 
 
 def test_up_refuses_a_port_taken_by_someone_else(stack: RelayConfig) -> None:
     data_dir = private_data_dir("taken-")
     other = load_config({"RELAY_DATA_DIR": str(data_dir), "RELAY_KAFKA_PORT": str(stack.ports.kafka)})
+    refused = LocalStack(other, health_timeout_s=5)
     with pytest.raises(StackError, match=str(stack.ports.kafka)):
-        LocalStack(other, health_timeout_s=5).up()
+        refused.up()
+    assert not refused.supervisor.running(), "a refused up left a supervisord behind"
     shutil.rmtree(data_dir)
 
 
@@ -106,11 +113,19 @@ def test_down_stops_every_recorded_process() -> None:
     try:
         status = local.up(with_postgres=True)
         pids = [p["pid"] for p in status["parts"]]
-        assert status["healthy"] and all(pids)
+        supervisord = status["supervisor"]["pid"]
+        assert status["healthy"] and all(pids) and pid_alive(supervisord)
+        assert local.up()["parts"][-1]["name"] == "postgres"  # a later plain `up` keeps it
+        sup = local.supervisor
+        assert stat.S_IMODE(sup.folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE(sup.conf_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(sup.socket.stat().st_mode) == 0o700
+        assert "inet_http_server" not in sup.conf_file.read_text()
     finally:
         result = local.down()
     assert [s["name"] for s in result["stopped"]] == ["spark-worker", "spark-master", "kafka", "postgres"]
-    assert not any(pid_alive(pid) for pid in pids)
-    assert not any(session_pids(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in [*pids, supervisord])
+    assert not any(group_pids(pid) for pid in pids)
+    assert not local.supervisor.running()
     assert local.status()["healthy"] is False
     shutil.rmtree(data_dir)

@@ -31,6 +31,7 @@ from relay_dev.airflow_local import ADMIN_USER, airflow_env, passwords_file
 from relay_dev.postgres_local import restrict_dir
 from relay_dev.stack import LocalStack, Part
 from relay_dev.stack_setup import REST_UNPROTECTED, master_properties_file, prepare_data_dir
+from relay_dev.supervision import Program, Supervisor
 from sqlalchemy import create_engine, select
 
 PASSWORD = "p@ss/w:rd@x"
@@ -150,6 +151,30 @@ def test_stack_prepares_a_private_data_dir_and_a_0600_signing_key(tmp_path: Path
     assert "spark.master.rest.filters=org.apache.spark.ui.JWSFilter" in text
     assert f"spark.org.apache.spark.ui.JWSFilter.param.secretKey={key}" in text
     assert "spark.ui.killEnabled=false" in text
+    assert "spark.deploy.recoveryMode=FILESYSTEM" in text
+    assert f"spark.deploy.recoveryDirectory={config.spark_dir / 'recovery'}" in text
+
+
+def test_supervisor_files_are_private_and_secrets_stay_off_command_lines(tmp_path: Path) -> None:
+    """supervisord: 0700 folder, 0600 conf, socket only (0700, password), each part's environment
+    (the Airflow one holds connection URLs with passwords) in a 0600 file, never in ``command=``."""
+    config = load_config(
+        {"RELAY_DATA_DIR": str(tmp_path), "RELAY_LEDGER_URL": f"postgresql://u:{PASSWORD}@h/d"}
+    )
+    sup = Supervisor(config.data_dir, config.logs_dir)
+    sup.write_conf()
+    env = airflow_env(config)
+    assert PASSWORD in json.dumps(env)
+    sup.write_program(Program("airflow-scheduler", ["airflow", "scheduler"], env, tmp_path))
+    assert mode(sup.folder) == mode(sup.programs_dir) == 0o700
+    conf = sup.conf_file.read_text()
+    assert mode(sup.conf_file) == mode(sup.key_file) == 0o600
+    assert "inet_http_server" not in conf and "chmod=0700" in conf and "password={SHA}" in conf
+    program = sup.program_file("airflow-scheduler").read_text()
+    assert mode(sup.program_file("airflow-scheduler")) == mode(sup.env_file("airflow-scheduler")) == 0o600
+    assert PASSWORD not in program and "AIRFLOW_CONN" not in program
+    assert json.loads(sup.env_file("airflow-scheduler").read_text()) == env
+    assert "stopasgroup=true" in program and "killasgroup=true" in program and "autorestart=true" in program
 
 
 def test_restrict_dir_keeps_only_the_postgres_groups_traverse_bit(tmp_path: Path) -> None:
@@ -261,10 +286,10 @@ def test_stack_refuses_to_reuse_a_master_whose_rest_server_takes_unsigned_reques
     config = load_config({"RELAY_DATA_DIR": str(tmp_path)})
     monkeypatch.setattr(SparkStandaloneClient, "master_state", lambda self: MasterState("ALIVE", 1, 4, 0))
     monkeypatch.setattr(SparkStandaloneClient, "ready", lambda self: True)  # signed or not
-    assert LocalStack(config)._probe(Part.SPARK_MASTER) == (False, REST_UNPROTECTED)
+    assert LocalStack(config).probe(Part.SPARK_MASTER) == (False, REST_UNPROTECTED)
     monkeypatch.setattr(SparkStandaloneClient, "ready", lambda self: self.signer is not None)
     ensure_secret_file(config.spark_rest_secret_path)
-    healthy, detail = LocalStack(config)._probe(Part.SPARK_MASTER)
+    healthy, detail = LocalStack(config).probe(Part.SPARK_MASTER)
     assert healthy and "signed requests only" in detail
 
 

@@ -1,20 +1,16 @@
-"""Inject one fault of each kind, and bring back what the platform would have brought back.
+"""Inject one fault of each kind and measure how the stack heals it.
 
-Why the tool restarts parts itself: the embedded stack restarts dead parts only through ``relay
-stack up`` today. Until a self-healing supervisor exists, every restart done here is one a person
-would have had to do, so each is recorded as a human action of its kind. Driver and executor kills
-are healed by Spark (supervised relaunch, executor replacement) and need none.
+Stack parts (worker, master, broker, the Airflow scheduler) are programs of the stack's supervisord:
+each kill is healed by supervision and the tool only measures how long until the part is back. Only
+when a part does not come back by itself (supervisord gave up: FATAL) does the tool start it, as a
+person would, and count a human action. Driver and executor kills are healed by Spark (supervised
+relaunch, executor replacement).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import random
-import signal
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +21,7 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.errors import RelayError
 
-from relay_dev.airflow_local import COMPONENTS, LocalAirflow, airflow_bin, airflow_env
+from relay_dev.airflow_local import LocalAirflow
 from relay_dev.chaos import procs
 from relay_dev.chaos.parts import StackParts
 from relay_dev.chaos.plan import PlannedFault
@@ -131,10 +127,10 @@ class Injector:
         # The worker's PID is read at every look: a worker restarted meanwhile runs the relaunched driver.
         jvms = self._wait_for(lambda: procs.driver_jvms(self._worker()), until)
         if not jvms:
-            event.skipped = "no driver JVM in the worker's session until the window ended"
+            event.skipped = "no driver JVM in the worker's process group until the window ended"
             return
         jvm = jvms[0]
-        pythons = [p.pid for p in procs.driver_pythons(jvm.sid, jvm.pid)]
+        pythons = [p.pid for p in procs.driver_pythons(jvm.pgid, jvm.pid)]
         if event.target == "python" and pythons:
             pids = pythons
         elif event.target == "both":
@@ -150,7 +146,7 @@ class Injector:
     def _executor(self, event: FaultEvent, rng: random.Random, until: float | None) -> None:
         found = self._wait_for(lambda: procs.executor_jvms(self._worker()), until)
         if not found:
-            event.skipped = "no executor JVM in the worker's session until the window ended"
+            event.skipped = "no executor JVM in the worker's process group until the window ended"
             return
         victim = rng.choice(found)
         event.at = time.time()
@@ -159,59 +155,57 @@ class Injector:
         self.progress(f"executor #{event.index}: SIGKILL pid {victim.pid}")
 
     def _stack_part(self, event: FaultEvent, part: Part) -> None:
-        # No lock for the kill itself: a part may die while another one is being restarted.
+        """SIGKILL the part's main process only; supervisord restarts it (its wrapper first stops
+        what the dead part left in its group). A part not back by itself is started by hand."""
         pid = self.parts.pid(part)
         if not pid or not procs.read_proc(pid):
             event.skipped = f"{part.value} not running"
             return
         event.at = time.time()
         event.pids = [pid] if procs.sigkill(pid) else []
-        procs.wait_gone([pid])
-        event.swept = procs.sweep_session(pid)
-        self.progress(
-            f"{event.kind} #{event.index}: SIGKILL pid {pid}"
-            + (f", swept {len(event.swept)} leftover(s) of its session" if event.swept else "")
-        )
-        event.restart_s = self.parts.restart(part, f"{event.kind} #{event.index}", self.stop)
-        event.healed_by = "chaos tool (relay stack up)"
-        event.human_actions = 1
+        self.progress(f"{event.kind} #{event.index}: SIGKILL pid {pid}")
+        try:
+            event.restart_s = self.parts.wait_healed(part, pid, self.stop)
+            event.healed_by = "supervisord (autorestart)"
+            self.progress(f"{event.kind} #{event.index}: {part.value} back in {event.restart_s}s by itself")
+        except RelayError as exc:
+            if self.stop.is_set():
+                raise
+            self.progress(f"{event.kind} #{event.index}: {exc}; starting it by hand")
+            event.restart_s = self.parts.restart(part, f"{event.kind} #{event.index}")
+            event.healed_by = "chaos tool (relay stack up)"
+            event.human_actions = 1
 
     def _scheduler(self, event: FaultEvent) -> None:
+        """SIGKILL the scheduler's main process only: its LocalExecutor workers live on until the
+        restarted program's wrapper stops them. Healed when the new scheduler heartbeats."""
         if self.airflow is None:
             event.skipped = "Airflow is not part of this run"
             return
-        pids_file = self.airflow.pids_file
-        pids = {k: int(v) for k, v in json.loads(pids_file.read_text()).items()}
-        pid = pids.get("scheduler")
+        pid = self.airflow.pid("scheduler")
         if not pid or not procs.read_proc(pid):
             event.skipped = "scheduler not running"
             return
         event.at = time.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)  # the scheduler and its LocalExecutor workers (its session)
-        event.pids = [pid]
-        procs.wait_gone([pid])
-        event.swept = procs.sweep_session(pid)
-        self.progress(f"scheduler #{event.index}: SIGKILL process group {pid}")
+        event.pids = [pid] if procs.sigkill(pid) else []
+        self.progress(f"scheduler #{event.index}: SIGKILL pid {pid}")
         t0 = time.monotonic()
-        event.restart_s = None
-        new_pid = self._start_scheduler()
-        pids["scheduler"] = new_pid
-        tmp = pids_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(pids, indent=2, sort_keys=True))
-        tmp.replace(pids_file)
-        deadline = time.monotonic() + 180
+        deadline = t0 + 180
         while not self.stop.is_set() and time.monotonic() < deadline:
             beat = self._scheduler_heartbeat()
             if beat is not None and beat > event.at:  # the new scheduler's own heartbeat
                 event.restart_s = round(time.monotonic() - t0, 2)
                 break
             self.stop.wait(1)
-        event.healed_by = "chaos tool (airflow scheduler started again)"
-        event.human_actions = 1
-        self.progress(
-            f"scheduler #{event.index}: restarted as pid {new_pid}, healthy after {event.restart_s}s"
-        )
+        if event.restart_s is not None:
+            event.healed_by = "supervisord (autorestart)"
+        elif not self.stop.is_set():
+            self.progress(f"scheduler #{event.index}: no new heartbeat in 180s; `relay airflow up` by hand")
+            self.airflow.start()
+            event.restart_s = round(time.monotonic() - t0, 2)
+            event.healed_by = "chaos tool (relay airflow up)"
+            event.human_actions = 1
+        self.progress(f"scheduler #{event.index}: new heartbeat {event.restart_s}s after the kill")
 
     def _scheduler_heartbeat(self) -> float | None:
         """The scheduler's latest heartbeat (epoch seconds) as the API reports it.
@@ -228,21 +222,6 @@ class Injector:
             return datetime.fromisoformat(beat).timestamp() if beat else None
         except (requests.RequestException, ValueError, AttributeError):
             return None
-
-    def _start_scheduler(self) -> int:
-        args = dict(COMPONENTS)["scheduler"]
-        log_path = self.config.logs_dir / "airflow-scheduler.log"
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                [airflow_bin(), *args],
-                env=airflow_env(self.config),
-                cwd=self.airflow.home if self.airflow else None,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return proc.pid
 
     def _ledger_lock(self, event: FaultEvent) -> None:
         """Hold the ledger's write lock the way a stuck writer would, then let go."""

@@ -1,9 +1,10 @@
 """Notice when the pipeline will not come back by itself, and do what a person would: stop, deploy.
 
-Why this exists: some faults leave nothing running that Spark would relaunch (a crash loop makes
-the driver give up on purpose; a restarted master without recovery state knows no driver). Each
-redeploy done here is counted as a human action, with the reason it was needed, so the table says
-what a self-healing platform still has to learn.
+Why this exists: some faults may leave nothing running that Spark would relaunch (a crash loop
+makes the driver give up on purpose). Stack parts are not its business: supervisord restarts them
+and the master recovers its drivers from its recovery directory. Each redeploy done here is counted
+as a human action, with the reason it was needed, so the table says what a self-healing platform
+still has to learn.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class PipelineHealer:
             self._thread.join(timeout=timeout_s)
 
     def _driver_somewhere(self) -> bool | None:
-        """A driver JVM runs in the worker's session, or the master holds one to (re)launch.
+        """A driver JVM runs in the worker's process group, or the master holds one to (re)launch.
 
         None when the master cannot be asked (it may be restarting): no decision then. RELAUNCHING is
         not counted: after a worker dies the old driver id stays RELAUNCHING forever while the master

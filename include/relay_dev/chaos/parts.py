@@ -1,134 +1,100 @@
-"""The chaos run's private stack, one ``LocalStack`` per part, so parts restart independently.
+"""The chaos run's private stack: one supervised ``LocalStack``; the run waits for its heals.
 
-Why not one ``LocalStack``: its ``up()`` restarts parts in order and waits for each to be healthy,
-and a worker cannot become healthy while the master is dead. With one stack, a broker killed while
-a worker restart waits for a dead master stayed down for minutes behind it; a platform restarts each
-unit on its own. One state file per part also means two restarts at once never overwrite each
-other's PID, so ``down`` always finds every process to stop.
+Why the run no longer restarts parts: supervisord brings back whatever the run kills, each part on
+its own (a broker killed while the master restarts is back in about a second). The run only
+watches: how long until the part is back healthy, and whether supervision brought it back at all.
+What the run still has to start itself is a human action, counted by the caller.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from relay.config import RelayConfig
-from relay.errors import RelayError
+from relay.errors import RelayError, StackError
 
-from relay_dev.chaos import procs
 from relay_dev.stack import LocalStack, Part
 
 Progress = Callable[[str], None]
-# PostgreSQL first: every ``up`` ends by making sure the ledger exists, so the ledger's server must be up.
-START_ORDER = (Part.POSTGRES, Part.KAFKA, Part.SPARK_MASTER, Part.SPARK_WORKER)
-STOP_ORDER = (Part.SPARK_WORKER, Part.SPARK_MASTER, Part.KAFKA, Part.POSTGRES)
-
-
-class PartStack(LocalStack):
-    """A ``LocalStack`` that owns exactly one part, with its own state file."""
-
-    def __init__(self, config: RelayConfig, part: Part, progress: Progress) -> None:
-        super().__init__(config, progress=progress)
-        self.part = part
-
-    def restart(self) -> None:
-        """Bring the part's process back and wait until it is healthy, as a platform's supervisor
-        would: only the part, without the rest of ``up`` (which also opens the ledger, and would
-        block for as long as the chaos run holds the ledger's lock, charging the lock's duration to
-        every restart under way). ``_up_one`` is the stack's own per-part start."""
-        self._up_one(self.part)
-
-    @property
-    def state_file(self) -> Path:
-        return self.config.data_dir / f"stack-{self.part.value}.json"
-
-    def parts(self, with_postgres: bool | None = None) -> list[Part]:
-        return [self.part]
+HEAL_TIMEOUT_S = 180.0  # supervisord's own give-up (startretries with backoff) comes well before
 
 
 class StackParts:
-    """Start, restart, inspect and stop the parts of the private stack, each on its own."""
+    """Start, watch and stop the parts of the private stack."""
 
     def __init__(self, config: RelayConfig, with_postgres: bool, progress: Progress) -> None:
         self.progress = progress
-        wanted = [p for p in START_ORDER if p is not Part.POSTGRES or with_postgres]
-        self.stacks = {part: PartStack(config, part, self._note) for part in wanted}
-        self.locks = {part: threading.Lock() for part in wanted}  # one restart of a part at a time
-        self.sessions: dict[int, int | None] = {}  # session -> leader start time, swept at the end
+        self.with_postgres = with_postgres
+        self.stack = LocalStack(config, progress=progress)
+        wanted = self.stack.parts(with_postgres)
+        self.locks = {part: threading.Lock() for part in wanted}  # held while a part is healing
+        self.restarts: dict[str, int] = {}  # supervisord's restarts per part, read before `down`
 
-    def _note(self, msg: str) -> None:
-        if not msg.startswith("ledger: found"):  # every part's ``up`` checks the ledger: say it once
-            self.progress(msg)
+    @property
+    def parts(self) -> list[Part]:
+        return list(self.locks)
 
     def up(self) -> None:
         """First start, in dependency order (the worker registers with the master)."""
-        for part, stack in self.stacks.items():
-            with self.locks[part]:
-                stack.up()
-            self._remember(part)
+        self.stack.up(with_postgres=self.with_postgres)
 
     def pid(self, part: Part) -> int | None:
-        """The part's current PID as its state file records it (it changes at every restart)."""
-        try:
-            entry = json.loads(self.stacks[part].state_file.read_text()).get(part.value, {})
-        except (OSError, ValueError):
-            return None
-        return int(entry["pid"]) if entry.get("pid") else None
-
-    def _remember(self, part: Part) -> None:
-        pid = self.pid(part)
-        if pid and pid not in self.sessions:
-            self.sessions[pid] = procs.start_time(pid)
+        """The part's current PID as supervisord reports it (it changes at every restart)."""
+        return self.stack.pid(part)
 
     def restarting(self, *parts: Part) -> bool:
-        """A restart of one of ``parts`` (of any part when none is named) is under way."""
+        """One of ``parts`` (any part when none is named) was killed and is not back healthy yet."""
         return any(lock.locked() for part, lock in self.locks.items() if not parts or part in parts)
 
-    def restart(self, part: Part, why: str, stop: threading.Event, tries: int = 3) -> float:
-        """Bring ``part`` back as ``relay stack up`` would; retried when another fault breaks it
-        half way (the person would run it again too: still one human action). Returns seconds."""
+    def wait_healed(self, part: Part, old_pid: int, stop: threading.Event) -> float:
+        """Seconds until supervisord runs ``part`` again under a new PID and its probe is healthy.
+
+        StackError when it did not come back by itself (FATAL, or not within HEAL_TIMEOUT_S).
+        """
         t0 = time.monotonic()
-        for attempt in range(1, tries + 1):
-            try:
-                with self.locks[part]:
-                    self.stacks[part].restart()
-                    self._remember(part)
-                break
-            except RelayError as exc:
-                if attempt == tries or stop.is_set():
-                    raise
-                self.progress(f"{why}: restarting {part.value} failed ({exc}); again")
+        with self.locks[part]:
+            deadline = t0 + HEAL_TIMEOUT_S
+            while not stop.is_set():
+                info = self.stack.supervisor.info(part.value)
+                if info is not None and info.state == "FATAL":
+                    raise StackError(f"{part.value} is FATAL: supervisord gave up restarting it")
+                pid = self.pid(part)
+                if pid and pid != old_pid and self.stack.probe(part)[0]:
+                    return round(time.monotonic() - t0, 2)
+                if time.monotonic() > deadline:
+                    raise StackError(f"{part.value} not back healthy {HEAL_TIMEOUT_S:.0f}s after the kill")
+                stop.wait(0.3)
+        raise StackError(f"{part.value}: the run stopped before it was back")
+
+    def restart(self, part: Part, why: str) -> float:
+        """What a person would do for a part supervision did not bring back: ``relay stack up``
+        for that part (it resets the crash-loop budget); a human action. Returns seconds."""
+        t0 = time.monotonic()
+        with self.locks[part]:
+            self.stack.up_part(part)
         seconds = round(time.monotonic() - t0, 2)
-        self.progress(
-            f"{why}: {part.value} up again in {seconds}s (a human action until the stack heals itself)"
-        )
+        self.progress(f"{why}: {part.value} started again by hand in {seconds}s (a human action)")
         return seconds
 
     def status_of(self, part: Part) -> dict[str, Any]:
-        """name, pid, healthy, detail of one part (from the outside, as a client sees it)."""
-        return self.stacks[part].status()["parts"][0]
+        """name, state, pid, healthy, detail, restarts of one part (from the outside)."""
+        return next(p for p in self.stack.status(self.with_postgres)["parts"] if p["name"] == part.value)
 
     def status(self) -> dict[str, Any]:
-        parts = [p for stack in self.stacks.values() for p in stack.status()["parts"]]
-        return {"healthy": all(p["healthy"] for p in parts), "parts": parts}
+        return self.stack.status(self.with_postgres)
 
-    def down(self, timeout_s: float = 300) -> list[str]:
-        """Stop every part (worker first) by PID once no restart is under way; returns errors."""
-        errors = []
-        for part in STOP_ORDER:
-            stack = self.stacks.get(part)
-            if stack is None or not stack.state_file.exists():
-                continue
-            got = self.locks[part].acquire(timeout=timeout_s)  # a restart half way must end first
-            try:
-                stack.down()
-            except RelayError as exc:
-                errors.append(f"{part.value}: {exc}")
-            finally:
-                if got:
-                    self.locks[part].release()
-        return errors
+    def down(self) -> tuple[list[str], dict[str, list[int]]]:
+        """Stop every program and supervisord, verify no process of any part is left.
+
+        Returns (errors, PIDs stopped by hand per part); the restart counts are kept first.
+        """
+        with contextlib.suppress(RelayError):
+            self.restarts = {p["name"]: p["restarts"] for p in self.status()["parts"]}
+        try:
+            return [], self.stack.down()["swept"]
+        except RelayError as exc:
+            return [str(exc)], {}

@@ -19,7 +19,7 @@ KINDS: tuple[str, ...] = ("driver", "executor", "worker", "master", "broker", "s
 SHORT_KINDS: tuple[str, ...] = ("driver", "executor", "worker", "master", "broker", "ledger-lock")
 #: Healed by Spark itself (supervised driver relaunch, executor replacement): no human action.
 SPARK_HEALED = frozenset({"driver", "executor"})
-#: Parts of the embedded stack that only ``relay stack up`` (or a platform supervisor) brings back.
+#: Parts of the embedded stack: supervisord brings them back (a human action only when it gives up).
 STACK_PARTS = frozenset({"worker", "master", "broker", "scheduler"})
 #: The driver's SQLite busy timeout (PRAGMA busy_timeout in relay.ledger.engine): a longer lock fails it.
 SQLITE_BUSY_TIMEOUT_S = 60.0

@@ -1,8 +1,9 @@
 """``relay chaos``: a private stack, a pipeline under load, seeded faults, a deep audit, a table.
 
-The run owns everything it starts: a stack on free loopback ports under ``var/chaos/<timestamp>/``,
-its drivers (children of its worker), Airflow when the scheduler is a fault kind. All of it is
-stopped by PID in ``finally``, also on failure, Ctrl-C or SIGTERM. Results (every fault, every human
+The run owns everything it starts: a supervised stack on free loopback ports under
+``var/chaos/<timestamp>/``, its drivers (children of its worker), Airflow when the scheduler is a
+fault kind. All of it is stopped in ``finally`` (supervisord, then by PID what any part's group
+left), also on failure, Ctrl-C or SIGTERM. Results (every fault, every human
 action, the audit) go to ``var/chaos/results-<timestamp>.json``.
 """
 
@@ -21,7 +22,6 @@ from relay.config import PROJECT_ROOT, RelayConfig, load_config
 from relay.errors import RelayError
 
 from relay_dev.bench import cursors, free_port, latest_offsets, write_result
-from relay_dev.chaos import procs
 from relay_dev.chaos.faults import FaultEvent, Injector
 from relay_dev.chaos.healer import HumanAction, PipelineHealer
 from relay_dev.chaos.observe import ChaosProducer, CommitWatcher, broker_check
@@ -228,14 +228,14 @@ class ChaosRun:
         return None
 
     def _repair(self) -> None:
-        """A part whose restart failed (another fault broke it each time) is still dead: bring it
-        back before catching up, as the person on call would, and count it."""
-        for part in self.parts.stacks:
+        """A part supervision did not bring back (supervisord gave up on it) is still dead: start
+        it before catching up, as the person on call would, and count it."""
+        for part in self.parts.parts:
             if self.parts.status_of(part)["healthy"]:
                 continue
             action = HumanAction(part.value, "still dead after the fault window", time.time())
             try:
-                action.seconds = self.parts.restart(part, "repair", self.abort)
+                action.seconds = self.parts.restart(part, "repair")
                 action.ok = True
             except RelayError as exc:
                 action.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -315,16 +315,16 @@ class ChaosRun:
         if self.airflow is not None:
             with contextlib.suppress(RelayError):
                 self.airflow.stop()
-        self.note("stopping the private stack")
-        errors = self.parts.down()
+        self.note("stopping the private stack (every program, then supervisord)")
+        errors, swept = self.parts.down()
         if errors:
             self.result["stack_down_error"] = "; ".join(errors)
             self.note(f"stopping the stack: {self.result['stack_down_error']}")
-        sessions = self.parts.sessions.items()
-        leftovers = [pid for sid, start in sorted(sessions) for pid in procs.sweep_session(sid, start)]
+        leftovers = sorted(pid for pids in swept.values() for pid in pids)
         if leftovers:
-            self.note(f"swept {len(leftovers)} leftover process(es) of earlier sessions: {leftovers}")
+            self.note(f"stopped {len(leftovers)} leftover process(es) of the parts' groups: {swept}")
         self.result["leftovers_killed"] = leftovers
+        self.result["supervisor_restarts"] = self.parts.restarts
 
 
 def run_chaos(

@@ -1,0 +1,101 @@
+"""``relay bench``: Relay's costs on a private embedded stack, each next to a baseline from the same run.
+
+Why baselines: absolute figures from a shared 2-core machine mean little on their own; a ratio
+against a baseline measured minutes apart on the same machine (a plain kafka-python consumer, Spark's
+``rate`` source, a bare INSERT, a cold deploy, the idle stack) says what Relay itself costs.
+
+Sections (each can be run alone with ``--only``): throughput, overhead, ledger, upgrade, recovery,
+memory. The stack (noida-db, Spark master + worker, and PostgreSQL for the ledger section) runs on
+free loopback ports under ``var/bench/<timestamp>/`` and is always stopped by PID at the end, also on
+failure. Results go to ``var/bench/results-<timestamp>.json``. This package imports neither pyspark nor
+Airflow: the Spark baseline runs as a subprocess (``bench/rate_overhead.py``).
+
+Modules:
+
+- ``options``: the run's flags (sections, sizes, ``--quick``);
+- ``stats``: percentiles, summaries, ratios, number formatting (pure);
+- ``results``: the result's JSON shape, figures, machine facts, the atomic write;
+- ``table``: the printed summary;
+- ``cluster``: the private stack's configuration on free ports, cursors and latest offsets;
+- ``context``: what sections share, the v1 deploy, stopping child processes;
+- ``sampler``: memory of the stack's processes, sampled from /proc;
+- ``throughput``, ``overhead``, ``ledger``, ``upgrade``, ``recovery``, ``memory``: one section each;
+- ``runner``: ``run_bench``, the run on a private stack, always stopped at the end.
+
+The names below are re-exported so ``from relay_dev.bench import X`` keeps working.
+"""
+
+from __future__ import annotations
+
+from .cluster import (
+    PIPELINE,
+    TOPIC,
+    bench_config,
+    cursors,
+    free_port,
+    latest_offsets,
+    wait_caught_up,
+)
+from .context import Context, ensure_running, instance_batches, kill_child
+from .ledger import PhaseTimer, section_ledger
+from .memory import section_memory
+from .options import SECTIONS, BenchOptions, Progress, parse_sections
+from .overhead import RATE_SCRIPT, checkpoint_spans, run_rate_baseline, section_overhead
+from .recovery import section_recovery
+from .results import RESULT_SCHEMA, figure, load_average, machine_facts, new_result, write_result
+from .runner import BENCH_DIR, NEEDS_STACK, SECTION_FUNCS, run_bench
+from .sampler import MemorySampler, classify_process, memory_peaks
+from .stats import fmt_number, fmt_ratio, percentile, ratio, summarize
+from .table import render_table
+from .throughput import plain_consumer, section_throughput, throughput_from_batches
+from .upgrade import RateProducer, section_upgrade
+
+__all__ = [
+    "BENCH_DIR",
+    "NEEDS_STACK",
+    "PIPELINE",
+    "RATE_SCRIPT",
+    "RESULT_SCHEMA",
+    "SECTIONS",
+    "SECTION_FUNCS",
+    "TOPIC",
+    "BenchOptions",
+    "Context",
+    "MemorySampler",
+    "PhaseTimer",
+    "Progress",
+    "RateProducer",
+    "bench_config",
+    "checkpoint_spans",
+    "classify_process",
+    "cursors",
+    "ensure_running",
+    "figure",
+    "fmt_number",
+    "fmt_ratio",
+    "free_port",
+    "instance_batches",
+    "kill_child",
+    "latest_offsets",
+    "load_average",
+    "machine_facts",
+    "memory_peaks",
+    "new_result",
+    "parse_sections",
+    "percentile",
+    "plain_consumer",
+    "ratio",
+    "render_table",
+    "run_bench",
+    "run_rate_baseline",
+    "section_ledger",
+    "section_memory",
+    "section_overhead",
+    "section_recovery",
+    "section_throughput",
+    "section_upgrade",
+    "summarize",
+    "throughput_from_batches",
+    "wait_caught_up",
+    "write_result",
+]
