@@ -75,6 +75,7 @@ KAFKA_SCHEMA = StructType(
 )
 
 _ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch yielded by read(): bounded memory, few JVM round trips
+METADATA_REFRESH_S = 10.0  # how often the planner looks for new partitions (a full metadata refresh)
 
 
 class KafkaInputPartition(InputPartition):
@@ -115,6 +116,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.settings = settings
         self._consumer: Any = None  # created lazily in the planner: never in __init__, never pickled
         self._available_now_end: PartitionOffsets | None = None
+        self._metadata_at = float("-inf")  # monotonic time of the last full metadata refresh
 
     def __getstate__(self) -> dict[str, Any]:
         """The reader is pickled to executors for read(); a live consumer must not travel along."""
@@ -143,7 +145,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         consumer = self._planner_consumer()
         try:
-            consumer.topics()  # forces a metadata refresh; partitions_for_topic alone serves a cache
+            # A full metadata refresh costs ~100 ms on every call (kafka-python waits for its refresh
+            # loop), which every batch would pay; new partitions are looked for every
+            # METADATA_REFRESH_S instead, and at once when a topic is not in the cache yet.
+            now = time.monotonic()
+            cached = [consumer.partitions_for_topic(topic) for topic in self.settings.topics]
+            if now - self._metadata_at >= METADATA_REFRESH_S or not all(cached):
+                consumer.topics()  # forces a refresh; partitions_for_topic alone serves the cache
+                self._metadata_at = now
             tps = [
                 TopicPartition(topic, p)
                 for topic in self.settings.topics

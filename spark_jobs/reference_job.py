@@ -1,310 +1,61 @@
 """The reference job's driver: count Kafka messages and record each one, exactly once, through the ledger.
 
-Run by the Spark master (cluster deploy mode, supervised) or locally (``--local``). Exit codes are
-deliberate because the master's supervision relaunches every non-zero exit: a failure that a restart
-cannot fix (fenced, bad arguments, data loss) exits 0 under supervision and is recorded in the ledger.
+Run by the Spark master (cluster deploy mode, supervised) or locally (``--local``). The lifecycle
+(attempt, heartbeat, supervision, graceful stop, deliberate exit codes) is ``driver_runtime``'s; what
+is the reference job's own is its driver-side sink: each batch's rows (bounded by
+``maxOffsetsPerTrigger``) are written into the ledger in the commit transaction, one row per
+application, so the audit can see a record applied twice. User pipelines write on the executors
+instead (``pipeline_driver``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import re
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source, driver_runtime beside this file
 
-from relay.checkpoint import planned_offsets  # noqa: E402
-from relay.errors import (  # noqa: E402
-    ConfigError,
-    DataLossError,
-    LedgerUnavailableError,
-    RelayError,
-    ZombieAttemptError,
+from driver_runtime import (  # noqa: E402
+    EXIT_OK,
+    EXIT_RETRY,
+    LAUNCH_TOKEN_ENV,
+    LEDGER_URL_ENV,
+    DriverRuntime,
+    arg_parser,
+    check_args,
+    exit_now,
+    run_main,
 )
-from relay.kafka_offsets import KafkaOffsets  # noqa: E402
-from relay.ledger.attempts import LAUNCH_TOKEN_ENV  # noqa: E402
-from relay.ledger.models import AttemptState, InstanceState  # noqa: E402
-from relay.ledger.store import DRIVER_ALIVE_S, Ledger  # noqa: E402
+from relay.ledger.models import Offsets  # noqa: E402
 from relay.protocol import Record, commit_batch  # noqa: E402
 from relay.reference_sink import ReferenceSink  # noqa: E402
 
 log = logging.getLogger("relay.job")
 
-EXIT_OK = 0
-EXIT_RETRY = 1  # transient: let the master relaunch
-LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # likewise: the URL may hold a password, never on the command line
-_DRIVER_DIR = re.compile(r"^driver-\d+-\d+$")
-CRASH_LOOP_ATTEMPTS = 5
-CRASH_LOOP_WINDOW_S = 300.0
-
-
-class _ArgParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would exit 2: a relaunch loop under supervision
-        raise ConfigError(f"bad arguments: {message}")
+__all__ = ["EXIT_OK", "EXIT_RETRY", "LAUNCH_TOKEN_ENV", "LEDGER_URL_ENV", "Driver", "main", "parse_args"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _ArgParser(description=__doc__)
-    p.add_argument("--instance-id", required=True, type=int)
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--max-offsets-per-trigger", type=int, default=20000)
-    p.add_argument("--trigger-seconds", type=float, default=1.0)
-    p.add_argument("--local", action="store_true", help="run with a local[2] master (no cluster)")
-    p.add_argument("--spark-dir", help="scratch folder for local mode")
-    p.add_argument("--supervised", action="store_true", help="exit 0 on failures a restart cannot fix")
-    args = p.parse_args(argv)
-    if args.max_offsets_per_trigger < 1 or args.trigger_seconds < 0:
-        raise ConfigError("--max-offsets-per-trigger must be >= 1 and --trigger-seconds >= 0")
-    return args
+    return check_args(arg_parser(__doc__).parse_args(argv))
 
 
-def ledger_url_from_env() -> str:
-    """The ledger URL from the environment Relay gave the submission (argv shows in ``ps``)."""
-    url = os.environ.get(LEDGER_URL_ENV, "").strip()
-    if not url:
-        raise ConfigError(
-            f"{LEDGER_URL_ENV} is not set: Relay passes the ledger URL in the driver's environment"
-        )
-    return url
-
-
-def code_version() -> tuple[str | None, bool]:
-    """The version frozen into the artifact this driver runs from (None when run from the source tree)."""
-    try:
-        import relay_job_version  # written by relay.artifacts.build_artifact
-    except ImportError:
-        return None, False
-    return relay_job_version.VERSION, bool(relay_job_version.FAIL_AT_START)
-
-
-def own_driver_id() -> str | None:
-    """The Spark driver id this process runs as: a standalone worker starts each driver in
-    ``<work dir>/<driver id>``, the same folder across supervised relaunches."""
-    name = Path.cwd().name
-    return name if _DRIVER_DIR.match(name) else None
-
-
-def no_retry_exit(args: argparse.Namespace | None, local_code: int) -> int:
-    return EXIT_OK if (args is None or args.supervised) else local_code
-
-
-def crash_loop(ledger: Ledger, instance_id: int) -> bool:
-    """Too many attempts in a short window that committed nothing: stop relaunching and say so.
-
-    Attempts that made progress are not a loop: a driver killed now and then (a lost worker, an
-    operator) must keep coming back however often it happens.
-    """
-    since = time.time() - CRASH_LOOP_WINDOW_S
-    productive = ledger.productive_attempts(instance_id)
-    recent = [a for a in ledger.attempts(instance_id) if a.started_at > since]
-    stuck = 0
-    for attempt in reversed(recent):  # the latest run of attempts without a committed batch
-        if attempt.id in productive:
-            break
-        stuck += 1
-    return stuck >= CRASH_LOOP_ATTEMPTS
-
-
-def check_data_loss(ledger: Ledger, instance_id: int, bootstrap: str) -> None:
-    """Fail fast (before Spark plans anything) when a cursor points below the earliest offset."""
-    leases = [lease for lease in ledger.leases(instance_id) if not lease.drained]
-    with KafkaOffsets(bootstrap) as kafka:
-        earliest_by_topic = {t: kafka.earliest(t) for t in {lease.topic for lease in leases}}
-    for lease in leases:
-        earliest = earliest_by_topic[lease.topic].get(lease.partition, 0)
-        if lease.next_offset < earliest:
-            raise DataLossError(lease.topic, lease.partition, lease.next_offset, earliest)
-
-
-def starting_offsets(ledger: Ledger, instance_id: int) -> dict[str, dict[str, int]]:
-    """Per partition, the lowest cursor of the instance's undrained leases (Spark's JSON form)."""
-    out: dict[str, dict[str, int]] = {}
-    for lease in ledger.leases(instance_id):
-        if lease.drained:
-            continue
-        part = out.setdefault(lease.topic, {})
-        key = str(lease.partition)
-        part[key] = min(part.get(key, lease.next_offset), lease.next_offset)
-    return out
-
-
-def build_session(args: argparse.Namespace, app_name: str):  # noqa: ANN201 (pyspark type)
-    if args.local:
-        from local_session import local_session
-
-        return local_session(app_name, Path(args.spark_dir or "var/spark"), memory="1g")
-    from pyspark.sql import SparkSession
-
-    return (
-        SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    )
-
-
-class Driver:
-    """One attempt of one instance: the streaming query and its commit protocol."""
+class Driver(DriverRuntime):
+    """The reference job: the batch's rows collected and committed with the ledger's own sink."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.ledger = Ledger(ledger_url_from_env())
-        self.instance = self.ledger.instance(args.instance_id)
+        super().__init__(args)
         self.sink = ReferenceSink(self.instance.version)
-        self.attempt = None
-        self.zombie: ZombieAttemptError | None = None
-        self.stop_signal = False
 
-    def run(self) -> int:
-        """Exit 0 only for what a relaunch cannot fix (supervision relaunches every other exit)."""
-        args, ledger, inst = self.args, self.ledger, self.instance
-        try:
-            # The launch token first: a copy Relay did not submit must change nothing, not even
-            # mark the instance FAILED through the checks below.
-            predecessors = self._live_predecessors()
-            self.attempt = attempt = ledger.start_attempt(
-                inst.id, os.environ.get(LAUNCH_TOKEN_ENV), own_driver_id(), wait_s=2 * DRIVER_ALIVE_S
-            )
-            self._start_heartbeat()
-        except ZombieAttemptError as exc:  # refused copy, or an instance fenced/stopped meanwhile
-            log.error("not starting: %s", exc)
-            return no_retry_exit(args, 4)
-        except RelayError as exc:  # ledger unreachable or locked: a relaunch may succeed
-            log.error("cannot start an attempt (will be relaunched): %s", exc)
-            return EXIT_RETRY
-        log.info(
-            "instance %s attempt %s epoch %s (version %s)", inst.id, attempt.id, attempt.epoch, inst.version
-        )
-        try:
-            return self._run_attempt(predecessors)
-        except ZombieAttemptError as exc:
-            return self._end(AttemptState.FENCED, str(exc), no_retry_exit(args, 4))
-        except DataLossError as exc:
-            ledger.set_instance(inst.id, state=InstanceState.FAILED, error=str(exc))
-            return self._end(AttemptState.FAILED, str(exc), no_retry_exit(args, 3))
-        except Exception as exc:  # noqa: BLE001 - classify below, never swallow
-            if self.zombie is not None:
-                return self._end(AttemptState.FENCED, str(self.zombie), no_retry_exit(args, 4))
-            if not isinstance(exc, LedgerUnavailableError):
-                try:
-                    check_data_loss(ledger, inst.id, args.bootstrap)
-                except DataLossError as loss:
-                    ledger.set_instance(inst.id, state=InstanceState.FAILED, error=str(loss))
-                    return self._end(AttemptState.FAILED, str(loss), no_retry_exit(args, 3))
-                except RelayError:
-                    pass  # the broker or the ledger is away: the relaunch will tell
-            log.exception("attempt %s failed", attempt.id)
-            return self._end(AttemptState.CRASHED, f"{type(exc).__name__}: {exc}"[:4000], EXIT_RETRY)
-
-    def _run_attempt(self, predecessors: list[int]) -> int:
-        args, ledger, inst = self.args, self.ledger, self.instance
-        if crash_loop(ledger, inst.id):
-            reason = (
-                f"crash loop: {CRASH_LOOP_ATTEMPTS} attempts in {CRASH_LOOP_WINDOW_S:.0f}s; not relaunching"
-            )
-            ledger.set_instance(inst.id, state=InstanceState.FAILED, error=reason)
-            return self._end(AttemptState.FAILED, reason, no_retry_exit(args, 5))
-        version, fail_at_start = code_version()
-        if version is not None and version != inst.version:
-            reason = f"this driver's code is version {version} but instance {inst.id} is {inst.version}"
-            ledger.set_instance(inst.id, state=InstanceState.FAILED, error=reason)
-            return self._end(AttemptState.FAILED, reason, no_retry_exit(args, 2))
-        if fail_at_start:
-            raise RuntimeError(f"version {version} was built to fail at start-up (build --fail-at-start)")
-        check_data_loss(ledger, inst.id, args.bootstrap)
-        self._wait_for_predecessors(predecessors)
-        spark = build_session(args, inst.app_name)
-        ledger.set_attempt_app(self.attempt.id, spark.sparkContext.applicationId)
-        query = self._start_query(spark)
-        return self._supervise(query)
-
-    def _end(self, state: AttemptState, error: str | None, code: int) -> int:
-        if error:
-            log.error("attempt ends %s: %s", state.value, error)
-        if self.attempt is not None:
-            try:
-                self.ledger.end_attempt(self.attempt.id, state, error)
-            except RelayError as exc:  # the ledger is away: the next attempt supersedes this one
-                log.error("could not record the end of attempt %s: %s", self.attempt.id, exc)
-        return code
-
-    def _start_heartbeat(self, every_s: float = 3.0) -> None:
-        """Heartbeat from the attempt's first second (session start-up takes 10-30 s): a copy of the
-        submission is told from a relaunch by whether this driver is alive."""
-
-        def beat() -> None:
-            while True:
-                time.sleep(every_s)
-                try:
-                    self.ledger.heartbeat(self.attempt.id)
-                except RelayError as exc:
-                    log.warning("heartbeat failed: %s", exc)
-
-        threading.Thread(target=beat, name="relay-heartbeat", daemon=True).start()
-
-    def _live_predecessors(self) -> list[int]:
-        """Attempts of this instance that still heartbeat: the new attempt fences them."""
-        return [
-            a.id
-            for a in self.ledger.attempts(self.instance.id)
-            if a.state is AttemptState.RUNNING and a.heartbeat_at > time.time() - 10
-        ]
-
-    def _wait_for_predecessors(self, ids: list[int], timeout_s: float = 30.0) -> None:
-        """Give a fenced older attempt the time to notice and end, so two never share the checkpoint."""
-        deadline = time.time() + timeout_s
-        while ids and time.time() < deadline:
-            by_id = {a.id: a for a in self.ledger.attempts(self.instance.id)}
-            if all(by_id[i].ended_at is not None or by_id[i].heartbeat_at < time.time() - 10 for i in ids):
-                return
-            time.sleep(0.5)
-
-    def _start_query(self, spark):  # noqa: ANN001, ANN202 (pyspark types)
-        import kafka_source
-
-        kafka_source.register(spark)
-        args, inst = self.args, self.instance
-        stream = (
-            spark.readStream.format("relaykafka")
-            .option("kafka.bootstrap.servers", args.bootstrap)
-            .option("subscribe", args.topic)
-            .option("startingOffsets", json.dumps(starting_offsets(self.ledger, inst.id)))
-            .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-            .option("failOnDataLoss", "true")
-            .option("relay.ledgerUrlEnv", LEDGER_URL_ENV)  # the name of the variable, not the URL
-            .option("relay.instanceId", str(inst.id))
-            .load()
-        )
-        return (
-            stream.writeStream.foreachBatch(self._process)
-            .option("checkpointLocation", inst.checkpoint_dir)
-            .trigger(processingTime=f"{args.trigger_seconds} seconds")
-            .queryName(inst.app_name)
-            .start()
-        )
-
-    def _process(self, df, batch_id: int) -> None:  # noqa: ANN001 (pyspark DataFrame)
-        started = time.time()
-        ckpt = self.instance.checkpoint_dir
-        end = planned_offsets(ckpt, batch_id)
-        if end is None:
-            raise RelayError(f"checkpoint {ckpt} has no offsets/{batch_id}: cannot tell the batch's range")
-        start = planned_offsets(ckpt, batch_id - 1) if batch_id > 0 else None
+    def process_batch(
+        self, df: Any, batch_id: int, start: Offsets | None, end: Offsets, started: float
+    ) -> None:
         table = df.select("topic", "partition", "offset", "key", "value").toArrow()  # one action
         cols = [table.column(n).to_pylist() for n in ("topic", "partition", "offset", "key", "value")]
         records = [Record(*row) for row in zip(*cols)]
-        try:
-            result = commit_batch(
-                self.ledger, self.attempt, batch_id, start, end, records, self.sink, started
-            )
-        except ZombieAttemptError as exc:
-            self.zombie = exc
-            raise
+        result = commit_batch(self.ledger, self.attempt, batch_id, start, end, records, self.sink, started)
         log.info(
             "batch %s: read %s applied %s skipped %s dead %s commit %.1f ms",
             batch_id,
@@ -315,69 +66,10 @@ class Driver:
             result.commit_ms,
         )
 
-    def _supervise(self, query) -> int:  # noqa: ANN001
-        ledger, inst, attempt = self.ledger, self.instance, self.attempt
-        while query.awaitTermination(1.0) is not True and query.isActive:
-            current = ledger.instance(inst.id)
-            if current.current_epoch != attempt.epoch or not current.state.live:
-                query.stop()
-                raise ZombieAttemptError(
-                    f"attempt {attempt.id} (epoch {attempt.epoch}) superseded: "
-                    f"instance {inst.id} is at epoch {current.current_epoch}, {current.state.value}"
-                )
-            ledger.heartbeat(attempt.id)
-            if (
-                current.state is InstanceState.STARTING
-                and query.status.get("message") == "Waiting for data to arrive"
-            ):
-                ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
-            if current.stop_requested or self.stop_signal:
-                return self._graceful_stop(query)
-        if self.zombie is not None:
-            raise self.zombie
-        exc = query.exception()
-        if exc is not None:
-            raise RelayError(f"streaming query failed: {exc}")
-        return self._end(AttemptState.STOPPED, None, EXIT_OK)
-
-    def _graceful_stop(self, query, timeout_s: float = 120.0) -> int:  # noqa: ANN001
-        """The source plans no batch once a stop is requested: wait for the running one, then stop."""
-        self.ledger.request_stop(self.instance.id)
-        deadline = time.time() + timeout_s
-        while query.isActive and time.time() < deadline:
-            if not query.status.get("isTriggerActive"):
-                break
-            time.sleep(0.1)
-        query.stop()
-        if self.zombie is not None:
-            raise self.zombie
-        inst = self.ledger.instance(self.instance.id)
-        if inst.state.live:
-            self.ledger.set_instance(inst.id, state=InstanceState.STOPPED)
-        log.info("stopped gracefully")
-        return self._end(AttemptState.STOPPED, None, EXIT_OK)
-
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = None
-    supervised = "--supervised" in (sys.argv[1:] if argv is None else argv)
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        driver = Driver(args)
-    except LedgerUnavailableError as exc:  # transient: the relaunch may find the ledger back
-        log.error("cannot start (will be relaunched): %s", exc)
-        return EXIT_RETRY
-    except RelayError as exc:  # bad arguments, no such instance: a relaunch cannot fix it
-        log.error("cannot start: %s", exc)
-        return EXIT_OK if supervised else 2
-    signal.signal(signal.SIGTERM, lambda *_: setattr(driver, "stop_signal", True))
-    code = driver.run()
-    log.info("exit %s", code)
-    return code
+    return run_main(argv, parse_args, Driver)
 
 
 if __name__ == "__main__":
-    code = main()
-    logging.shutdown()
-    os._exit(code)  # py4j threads must not keep a finished driver alive
+    exit_now(main())

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from relay.config import RelayConfig, load_config
@@ -98,8 +99,10 @@ def cmd_checkpoint(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 def cmd_build(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.artifacts import build_artifact
 
-    art = build_artifact(cfg, a.version, fail_at_start=a.fail_at_start, force=a.force)
-    return {"version": art.version, "folder": str(art.folder)}
+    art = build_artifact(
+        cfg, a.version, fail_at_start=a.fail_at_start, force=a.force, pipeline_code=a.pipeline_code
+    )
+    return {"version": art.version, "folder": str(art.folder), "pipeline": art.pipeline}
 
 
 def cmd_upgrade(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -215,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--version", type=version_arg, required=True)
     b.add_argument("--force", action="store_true", help="rebuild an existing version")
     b.add_argument("--fail-at-start", action="store_true", help="a deliberately broken version (tests)")
+    b.add_argument(
+        "--pipeline-code",
+        type=Path,
+        help="a pipeline package folder (<pkg>/pipeline.py defines PIPELINE); default RELAY_PIPELINE_CODE, "
+        "else the reference job",
+    )
     u = sub.add_parser("upgrade", help="blue-green upgrade to another version (resumes one in progress)")
     u.add_argument("--version", type=version_arg, required=True)
     u.add_argument(

@@ -65,6 +65,8 @@ class RelayConfig:
     """Key of the REST server's JWS filter; None = ``<data_dir>/secrets/spark-rest.key``."""
     spark_rest_secret: str = field(default="", repr=False)
     """The key itself (base64url), when it comes from a secret store (an Airflow connection)."""
+    pipeline_code: Path | None = None
+    """The user's pipeline package folder ``relay build`` freezes (None: the reference job)."""
 
     def __post_init__(self) -> None:
         if not self.ledger_url:
@@ -135,6 +137,7 @@ def load_config(env: Mapping[str, str] | None = None) -> RelayConfig:
         max_offsets_per_trigger=_int(env, "RELAY_MAX_OFFSETS_PER_TRIGGER", 20000, 1),
         host=host,
         spark_rest_secret_file=_path(env, "RELAY_SPARK_REST_SECRET_FILE"),
+        pipeline_code=_path(env, "RELAY_PIPELINE_CODE"),
     )
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from relay.artifacts import artifact, build_artifact, require_env_interface
+from relay.artifacts import artifact, build_artifact, check_deployable, require_env_interface
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.driver_logs import LaunchCounter, error_tail, explain_failure
 from relay.errors import OperationError, SparkError
@@ -62,14 +62,22 @@ def driver_args(
     return args + list(extra or [])
 
 
-def submission_environment(config: RelayConfig, code: str, token: str | None) -> dict[str, str]:
-    """The driver's environment: where secrets travel (the ledger URL, the launch token).
+def submission_environment(
+    config: RelayConfig, code: str, token: str | None, secrets: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The driver's environment: where secrets travel (the ledger URL, the launch token, and the
+    variables a user pipeline's sink needs, e.g. its database URL).
 
     Cluster mode hands it to the REST server as ``environmentVariables`` (they reach the driver and
     the planner process it starts, and show in no log or command line); local mode passes it to the
     subprocess. Only the artifact's code on PYTHONPATH: the live tree must not shadow the version.
     """
-    env = {**driver_environment(config), "PYTHONPATH": code, LEDGER_URL_ENV: config.ledger_url}
+    env = {
+        **driver_environment(config),
+        **(secrets or {}),
+        "PYTHONPATH": code,
+        LEDGER_URL_ENV: config.ledger_url,
+    }
     if token is not None:
         env[LAUNCH_TOKEN_ENV] = token
     return env
@@ -90,10 +98,11 @@ def launch(
     if not art.exists():
         build_artifact(config, instance.version)
     require_env_interface(art)
+    secrets = check_deployable(config, art)  # a user pipeline's: matches the config, has its settings
     job, code = str(art.job_file), str(art.zip_file)
-    # Secrets (launch token, ledger URL) go in the environment: argv and Spark properties show up in
-    # `ps` and logs.
-    env_vars = submission_environment(config, code, ledger.issue_launch_token(instance.id))
+    # Secrets (launch token, ledger URL, the sink's settings) go in the environment: argv and Spark
+    # properties show up in `ps` and logs.
+    env_vars = submission_environment(config, code, ledger.issue_launch_token(instance.id), secrets)
     if local:
         config.logs_dir.mkdir(parents=True, exist_ok=True)
         log = open(config.logs_dir / f"{instance.app_name}.log", "ab")  # noqa: SIM115 - owned by the child

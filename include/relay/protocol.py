@@ -1,7 +1,9 @@
 """The commit protocol: apply one micro-batch exactly once, or not at all.
 
 It runs on the driver inside ``foreachBatch`` and knows nothing of Spark: it receives the batch's
-planned offsets (from the checkpoint's ``offsets/N``) and its rows (bounded by the source's read limit).
+planned offsets (from the checkpoint's ``offsets/N``). ``commit_batch`` also receives the rows (the
+reference job's driver-side sink); with an executor-side sink the tasks write and the driver calls
+``prepare_batch`` (the ranges tasks may apply) then ``commit_cursors`` (cursors only).
 """
 
 from __future__ import annotations
@@ -104,33 +106,13 @@ def commit_batch(
         # Step 1.
         instance = ledger.check_current(conn, attempt)
         _adopt_new_partitions(ledger, conn, instance, start, end)
-        leases = ledger.leases(instance.id, conn)
-        by_tp: dict[tuple[str, int], list[Lease]] = {}
-        for lease in leases:
-            by_tp.setdefault((lease.topic, lease.partition), []).append(lease)
+        by_tp = _leases_by_tp(ledger.leases(instance.id, conn))
         # Step 2.
         applied: list[Record] = [
             r for r in records if _owner(by_tp.get((r.topic, r.partition), []), r.offset)
         ]
         # Step 3 and Step 5 (computed before writing anything).
-        moves: list[tuple[Lease, int]] = []
-        for (topic, partition), tp_leases in by_tp.items():
-            planned_end = end.get(topic, {}).get(partition)
-            if planned_end is None:
-                continue
-            planned_start = (start or {}).get(topic, {}).get(partition)
-            for lease in tp_leases:
-                lease_end = lease.end_offset if lease.end_offset is not None else planned_end
-                target = min(planned_end, lease_end)
-                if target <= lease.next_offset:
-                    continue
-                if planned_start is not None and planned_start > lease.next_offset:
-                    raise SourceGapError(
-                        f"batch {batch_id} of instance {instance.id} starts {topic}[{partition}] at "
-                        f"{planned_start} but lease {lease.id} is at {lease.next_offset}: offsets "
-                        f"[{lease.next_offset}, {planned_start}) were never read"
-                    )
-                moves.append((lease, target))
+        moves = _planned_moves(instance, batch_id, by_tp, start, end)
         # Step 4.
         written = sink.write(conn, instance, batch_id, applied)
         if written.dead_letters:
@@ -153,21 +135,8 @@ def commit_batch(
                 ],
             )
         # Step 5.
-        ranges = []
-        for lease, target in moves:
-            ledger.advance_cursor(conn, lease, target)
-            ranges.append(
-                {
-                    "topic": lease.topic,
-                    "partition": lease.partition,
-                    "lease": lease.id,
-                    "from": lease.next_offset,
-                    "to": target,
-                }
-            )
+        ranges = _advance(ledger, conn, moves)
         # Step 6.
-        commit_ms = (time.perf_counter() - t0) * 1000
-        now = time.time()
         result = CommitResult(
             batch_id=batch_id,
             rows_read=len(records),
@@ -175,21 +144,191 @@ def commit_batch(
             rows_skipped=len(records) - len(applied),
             dead_letters=len(written.dead_letters),
             ranges=ranges,
-            commit_ms=commit_ms,
+            commit_ms=(time.perf_counter() - t0) * 1000,
         )
-        conn.execute(
-            s.batches.insert().values(
-                pipeline=instance.pipeline,
-                instance_id=instance.id,
-                attempt_id=attempt.id,
-                epoch=attempt.epoch,
-                started_at=started_at,
-                committed_at=now,
-                duration_ms=(now - started_at) * 1000,
-                **asdict(result),
-            )
-        )
-        conn.execute(s.attempts.update().where(s.attempts.c.id == attempt.id).values(heartbeat_at=now))
-        if instance.state is InstanceState.STARTING:
-            ledger.set_instance(instance.id, conn, state=InstanceState.ACTIVE)
+        _record(ledger, conn, instance, attempt, result, started_at)
     return result
+
+
+def _leases_by_tp(leases: list[Lease]) -> dict[tuple[str, int], list[Lease]]:
+    by_tp: dict[tuple[str, int], list[Lease]] = {}
+    for lease in leases:
+        by_tp.setdefault((lease.topic, lease.partition), []).append(lease)
+    return by_tp
+
+
+def _planned_moves(
+    instance: Instance,
+    batch_id: int,
+    by_tp: dict[tuple[str, int], list[Lease]],
+    start: Offsets | None,
+    end: Offsets,
+) -> list[tuple[Lease, int]]:
+    """Steps 3 and 5 computed: each lease's new cursor; SourceGapError if the batch starts past one."""
+    moves: list[tuple[Lease, int]] = []
+    for (topic, partition), tp_leases in by_tp.items():
+        planned_end = end.get(topic, {}).get(partition)
+        if planned_end is None:
+            continue
+        planned_start = (start or {}).get(topic, {}).get(partition)
+        for lease in tp_leases:
+            lease_end = lease.end_offset if lease.end_offset is not None else planned_end
+            target = min(planned_end, lease_end)
+            if target <= lease.next_offset:
+                continue
+            if planned_start is not None and planned_start > lease.next_offset:
+                raise SourceGapError(
+                    f"batch {batch_id} of instance {instance.id} starts {topic}[{partition}] at "
+                    f"{planned_start} but lease {lease.id} is at {lease.next_offset}: offsets "
+                    f"[{lease.next_offset}, {planned_start}) were never read"
+                )
+            moves.append((lease, target))
+    return moves
+
+
+def _advance(ledger: Ledger, conn: Connection, moves: list[tuple[Lease, int]], **marks: object) -> list[dict]:
+    """Step 5: compare-and-set every cursor; the ranges moved, for the batch record."""
+    ledger.advance_cursors(conn, moves)
+    ranges = []
+    for lease, target in moves:
+        ranges.append(
+            {
+                "topic": lease.topic,
+                "partition": lease.partition,
+                "lease": lease.id,
+                "from": lease.next_offset,
+                "to": target,
+                **marks,
+            }
+        )
+    return ranges
+
+
+def _record(
+    ledger: Ledger,
+    conn: Connection,
+    instance: Instance,
+    attempt: Attempt,
+    result: CommitResult,
+    started_at: float,
+) -> None:
+    """Step 6: the batch record (health, audit), the attempt's heartbeat, STARTING -> ACTIVE."""
+    now = time.time()
+    conn.execute(
+        s.batches.insert().values(
+            pipeline=instance.pipeline,
+            instance_id=instance.id,
+            attempt_id=attempt.id,
+            epoch=attempt.epoch,
+            started_at=started_at,
+            committed_at=now,
+            duration_ms=(now - started_at) * 1000,
+            **asdict(result),
+        )
+    )
+    conn.execute(s.attempts.update().where(s.attempts.c.id == attempt.id).values(heartbeat_at=now))
+    if instance.state is InstanceState.STARTING:
+        ledger.set_instance(instance.id, conn, state=InstanceState.ACTIVE)
+
+
+# ------------------------------------------------------------------ executor-side sinks (cursor-only)
+Ranges = dict[tuple[str, int], tuple[int, int]]
+
+
+def _task_ranges(by_tp: dict[tuple[str, int], list[Lease]], start: Offsets | None, end: Offsets) -> Ranges:
+    """Per (topic, partition), the one range ``[first, end)`` of the batch this instance may apply."""
+    out: Ranges = {}
+    for (topic, partition), tp_leases in by_tp.items():
+        planned_end = end.get(topic, {}).get(partition)
+        if planned_end is None:
+            continue
+        spans = sorted(
+            (
+                lease.next_offset,
+                min(planned_end, lease.end_offset if lease.end_offset is not None else planned_end),
+            )
+            for lease in tp_leases
+        )
+        spans = [(a, b) for a, b in spans if b > a]
+        if not spans:
+            continue
+        first, last = spans[0]
+        for a, b in spans[1:]:
+            if a > last:  # the protocol never makes this: a later lease read ahead of an earlier one
+                raise SourceGapError(
+                    f"{topic}[{partition}]: the batch's applicable offsets are not contiguous "
+                    f"({spans}); a task range cannot express them"
+                )
+            last = max(last, b)
+        out[(topic, partition)] = (first, last)
+    return out
+
+
+def prepare_batch(ledger: Ledger, attempt: Attempt, start: Offsets | None, end: Offsets) -> Ranges:
+    """Before the tasks write (driver): refuse a zombie, adopt new partitions, and compute the ranges
+    each task may apply: inside this instance's leases, at or after each cursor, below the planned end.
+
+    Ranges read here may shrink before the commit (a handoff closes a lease at H): rows written past
+    H are written again by the next instance, which a newest-wins keyed sink makes harmless.
+    """
+    with ledger.tx() as conn:
+        instance = ledger.check_current(conn, attempt)
+        _adopt_new_partitions(ledger, conn, instance, start, end)
+        return _task_ranges(_leases_by_tp(ledger.leases(instance.id, conn)), start, end)
+
+
+@dataclass(frozen=True)
+class TaskCounts:
+    """The executors' counts of one batch (the sum of every task's ``TaskResult``)."""
+
+    rows_in: int = 0
+    rows_written: int = 0
+    rows_skipped: int = 0
+    rows_unchanged: int = 0
+
+
+def commit_cursors(
+    ledger: Ledger,
+    attempt: Attempt,
+    batch_id: int,
+    start: Offsets | None,
+    end: Offsets,
+    counts: TaskCounts,
+    started_at: float | None = None,
+) -> CommitResult:
+    """Commit a batch the executors already wrote: the cursors only, in ONE ledger transaction.
+
+    commit_batch's steps 1, 3, 5 and 6 (steps 2 and 4 ran in the tasks, through the sink):
+    Step 1. Lock the instance; refuse a zombie (stale epoch or fenced instance).
+    Step 3. Refuse a batch that starts past a cursor.
+    Step 5. Move every cursor to the batch's planned end with compare-and-set.
+    Step 6. Record the batch with the tasks' summed counts; its ranges carry ``"sink": "executor"``
+            (the audit proves exactly-once for them from the ranges: no sink rows in the ledger).
+    """
+    t0 = time.perf_counter()
+    started_at = started_at or time.time()
+    with ledger.tx() as conn:
+        # Step 1.
+        instance = ledger.check_current(conn, attempt)
+        _adopt_new_partitions(ledger, conn, instance, start, end)
+        # Step 3 (and Step 5 computed).
+        moves = _planned_moves(
+            instance, batch_id, _leases_by_tp(ledger.leases(instance.id, conn)), start, end
+        )
+        # Step 5.
+        ranges = _advance(ledger, conn, moves, sink=EXECUTOR_SINK)
+        # Step 6.
+        result = CommitResult(
+            batch_id=batch_id,
+            rows_read=counts.rows_in,
+            rows_applied=counts.rows_written,
+            rows_skipped=counts.rows_skipped + counts.rows_unchanged,
+            dead_letters=0,
+            ranges=ranges,
+            commit_ms=(time.perf_counter() - t0) * 1000,
+        )
+        _record(ledger, conn, instance, attempt, result, started_at)
+    return result
+
+
+EXECUTOR_SINK = "executor"

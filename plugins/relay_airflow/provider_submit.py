@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from relay.artifacts import artifact, build_artifact
+from relay.artifacts import artifact, build_artifact, check_deployable
 from relay.config import RelayConfig
 from relay.errors import SparkError
 from relay.launcher import driver_args, submission_environment
@@ -62,6 +62,7 @@ def submit_with_provider(
     art = artifact(config, instance.version)
     if not art.exists():
         build_artifact(config, instance.version)
+    secrets = check_deployable(config, art)  # a user pipeline's: matches the config, has its settings
     code = str(art.zip_file)
     props = driver_properties(
         config,
@@ -86,7 +87,7 @@ def submit_with_provider(
     tmp.mkdir(parents=True, exist_ok=True)
     # The driver inherits this whole environment: only what spark-submit and the driver need.
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "JAVA_HOME")}
-    env.update(submission_environment(config, code, ledger.issue_launch_token(instance.id)))
+    env.update(submission_environment(config, code, ledger.issue_launch_token(instance.id), secrets))
     env.update(SPARK_SUBMIT_OPTS=f"-Djava.io.tmpdir={tmp}", TMPDIR=str(tmp))
     driver_id = hook.submit(carrier_jar(), env=env)
     if not driver_id:

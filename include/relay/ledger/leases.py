@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from relay.errors import CursorConflictError, LedgerError
 from relay.ledger import schema as s
 from relay.ledger.base import LedgerBase, gap_from_row, lease_from_row
 from relay.ledger.models import Gap, Instance, Lease, Offsets
+
+NO_END = -1  # stands for an open lease (end_offset NULL) in the compare-and-set; offsets are >= 0
+_CAS_CURSOR = (
+    s.leases.update()
+    .where(
+        s.leases.c.id == bindparam("b_id"),
+        s.leases.c.next_offset == bindparam("b_next"),
+        func.coalesce(s.leases.c.end_offset, NO_END) == bindparam("b_end"),
+    )
+    .values(next_offset=bindparam("b_new"))
+)
 
 
 class LeasesMixin(LedgerBase):
@@ -114,23 +125,53 @@ class LeasesMixin(LedgerBase):
 
     def advance_cursor(self, conn: Connection, lease: Lease, new_offset: int) -> None:
         """Compare-and-set: move the cursor only from the value this commit read."""
-        result = conn.execute(
-            s.leases.update()
-            .where(
-                s.leases.c.id == lease.id,
-                s.leases.c.next_offset == lease.next_offset,
-                # and the end this commit read: a lease closed meanwhile is not moved past its end
-                s.leases.c.end_offset.is_(None)
-                if lease.end_offset is None
-                else s.leases.c.end_offset == lease.end_offset,
-            )
-            .values(next_offset=new_offset)
+        self.advance_cursors(conn, [(lease, new_offset)])
+
+    def advance_cursors(self, conn: Connection, moves: list[tuple[Lease, int]]) -> None:
+        """Compare-and-set of every ``(lease, new_offset)`` in ONE executemany statement.
+
+        Each cursor moves only from the value this commit read and only while the lease's end is the
+        one it read (a lease closed meanwhile is not moved past its end). One prepared statement for
+        all leases: building a statement per lease cost ~1.4 ms each (1,024 partitions: 1.5 s per
+        commit, bench/scaling.py), the database's own work is a few microseconds per row.
+        A conflict names the first lease whose cursor or end moved (the caller's transaction is rolled
+        back, so the cursors that did match move nowhere).
+        """
+        if not moves:
+            return
+        params = [
+            {
+                "b_id": lease.id,
+                "b_next": lease.next_offset,
+                "b_end": NO_END if lease.end_offset is None else lease.end_offset,
+                "b_new": new_offset,
+            }
+            for lease, new_offset in moves
+        ]
+        if conn.dialect.supports_sane_multi_rowcount:  # SQLite: one executemany, rows summed
+            matched = conn.execute(_CAS_CURSOR, params).rowcount
+            if matched == len(moves):
+                return
+            lost = next((lease for lease, new in moves if not self._moved_to(conn, lease, new)), moves[0][0])
+        else:  # psycopg2 batches an executemany and cannot tell the rows apart: one execute each
+            for (lease, _), one in zip(moves, params, strict=True):
+                if conn.execute(_CAS_CURSOR, one).rowcount != 1:
+                    lost = lease
+                    break
+            else:
+                return
+        raise CursorConflictError(
+            f"cursor of lease {lost.id} ({lost.topic}[{lost.partition}]) moved away from "
+            f"{lost.next_offset}: another attempt applied this range"
         )
-        if result.rowcount != 1:
-            raise CursorConflictError(
-                f"cursor of lease {lease.id} ({lease.topic}[{lease.partition}]) moved away from "
-                f"{lease.next_offset}: another attempt applied this range"
-            )
+
+    @staticmethod
+    def _moved_to(conn: Connection, lease: Lease, new_offset: int) -> bool:
+        """Did this statement move the lease (inside the failing transaction, before its rollback)?"""
+        now = conn.execute(
+            select(s.leases.c.next_offset, s.leases.c.end_offset).where(s.leases.c.id == lease.id)
+        ).one()
+        return (now.next_offset, now.end_offset) == (new_offset, lease.end_offset)
 
     def take_over(self, conn: Connection, pipeline: str, to: Instance) -> list[Lease]:
         """Hand every unfinished range of non-live instances to ``to``.

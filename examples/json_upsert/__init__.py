@@ -1,0 +1,1 @@
+"""Example pipeline: JSON records upserted by id into PostgreSQL (see README.md)."""

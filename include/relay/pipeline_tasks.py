@@ -1,0 +1,77 @@
+"""The executor side of a user pipeline's batch: each Spark task writes its rows through the sink.
+
+``partition_writer`` builds the function ``DataFrame.mapInArrow`` runs once per partition (one Spark
+task): the rows stream from Arrow batches into ``ExecutorSink.write_task`` and the task returns ONE
+small row of counts. The driver collects only those rows, so its memory does not depend on the batch
+size. A ``FencedWriteError`` is returned as data (the ``fenced`` column), not raised: the driver must
+know for sure the attempt is a zombie, and Spark would retry a raising task and wrap its error in
+text. Nothing here imports pyspark; pyarrow is imported in the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from typing import Any
+
+from relay.protocol import TaskCounts
+from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult
+
+RESULT_SCHEMA = "rows_in long, rows_written long, rows_skipped long, rows_unchanged long, fenced string"
+
+
+def _rows(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    for batch in batches:
+        yield from batch.to_pylist()  # one Arrow batch (<= a few thousand rows) at a time
+
+
+def partition_writer(sink: ExecutorSink, ctx: TaskContext) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The task function: the sink (its settings, URL included, read on the driver) and the batch's
+    context travel in its pickled closure, never in a Spark option or the environment."""
+
+    def write(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        first = next((b for b in batches if b.num_rows), None)
+        fenced = ""
+        if first is None:  # an empty partition writes nothing (and opens no sink transaction)
+            result = TaskResult()
+        else:
+            try:
+                result = sink.write_task(ctx, _rows(chain([first], batches)))
+            except FencedWriteError as exc:
+                result, fenced = TaskResult(), str(exc) or type(exc).__name__
+        row = {
+            "rows_in": result.rows_in,
+            "rows_written": result.rows_written,
+            "rows_skipped": result.rows_skipped,
+            "rows_unchanged": result.rows_unchanged,
+            "fenced": fenced,
+        }
+        yield pa.RecordBatch.from_pylist([row])
+
+    return write
+
+
+def sum_results(rows: Iterable[Any]) -> tuple[TaskCounts, list[str]]:
+    """The batch's counts and the fenced tasks' messages, from the collected task rows."""
+    total, fenced = TaskCounts(), []
+    for r in rows:
+        total = TaskCounts(
+            total.rows_in + int(r["rows_in"] or 0),
+            total.rows_written + int(r["rows_written"] or 0),
+            total.rows_skipped + int(r["rows_skipped"] or 0),
+            total.rows_unchanged + int(r["rows_unchanged"] or 0),
+        )
+        if r["fenced"]:
+            fenced.append(r["fenced"])
+    return total, fenced
+
+
+def counts_from(value: TaskResult | int | None) -> TaskCounts:
+    """What a ForEachBatch function returned, as batch counts (None: nothing known)."""
+    if isinstance(value, TaskResult):
+        return TaskCounts(value.rows_in, value.rows_written, value.rows_skipped, value.rows_unchanged)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return TaskCounts(rows_in=value, rows_written=value)
+    return TaskCounts()

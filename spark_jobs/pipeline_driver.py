@@ -1,0 +1,162 @@
+"""The driver of a user's pipeline: Relay's stream, the user's transform, writes on the executors.
+
+Per micro-batch (the lifecycle is ``driver_runtime``'s):
+1. the batch's planned range from the checkpoint (``offsets/N``, and N-1 for its start);
+2. ``prepare_batch``: refuse a zombie, and compute from this instance's leases and cursors the
+   ranges a task may apply;
+3. the transform, then ``mapInArrow``: every Spark task writes its rows through the sink
+   (``ExecutorSink.write_task``, one fenced, idempotent sink transaction) and returns one row of
+   counts; the driver collects only those (its memory does not depend on the batch size);
+   or, for ``ForEachBatch``, the user's function with the batch limited to the ranges;
+4. ``commit_cursors``: ONE ledger transaction moves the cursors to the planned end.
+
+A task fenced in the sink, or a commit refused by the ledger, means this attempt is a zombie: the
+query stops and the driver exits 0 (supervision must not relaunch it). Before the first batch the
+sink is prepared and fenced to this attempt's epoch, so tasks of an older attempt can't commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source, driver_runtime beside this file
+
+from driver_runtime import DriverRuntime, arg_parser, check_args, exit_now, run_main  # noqa: E402
+from relay.errors import ConfigError, ZombieAttemptError  # noqa: E402
+from relay.ledger.models import Offsets  # noqa: E402
+from relay.pipeline import (  # noqa: E402
+    BatchContext,
+    ForEachBatch,
+    Pipeline,
+    PipelineError,
+    check_transform,
+    load_pipeline,
+    secret_values,
+)
+from relay.pipeline_tasks import RESULT_SCHEMA, counts_from, partition_writer, sum_results  # noqa: E402
+from relay.protocol import Ranges, commit_cursors, prepare_batch  # noqa: E402
+from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext  # noqa: E402
+
+log = logging.getLogger("relay.pipeline")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = arg_parser(__doc__)
+    p.add_argument("--pipeline", help="module defining PIPELINE (default: the one the artifact names)")
+    return check_args(p.parse_args(argv))
+
+
+def pipeline_module(args: argparse.Namespace) -> str:
+    """The module named on the command line, else the one frozen into the artifact at build."""
+    if args.pipeline:
+        return args.pipeline
+    try:
+        import relay_job_version
+    except ImportError as exc:
+        raise PipelineError("no --pipeline and no artifact: which pipeline should run?") from exc
+    module = getattr(relay_job_version, "PIPELINE_MODULE", None)
+    if not module:
+        raise PipelineError(f"artifact {relay_job_version.VERSION} holds no pipeline (the reference job's?)")
+    return module
+
+
+def range_filter(ranges: Ranges) -> Any:
+    """A Column keeping the rows inside ``ranges`` (for ForEachBatch: it sees only what it may apply)."""
+    from pyspark.sql import functions as F
+
+    conds = [
+        (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= a) & (F.col("offset") < b)
+        for (t, p), (a, b) in sorted(ranges.items())
+    ]
+    return reduce(lambda x, y: x | y, conds) if conds else F.lit(False)
+
+
+class PipelineDriver(DriverRuntime):
+    """One attempt of a user pipeline's instance."""
+
+    fatal_errors = (PipelineError,)
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.pipeline: Pipeline | None = None
+        self.sink: ExecutorSink | ForEachBatch | None = None
+
+    def read_limits(self) -> tuple[int, float]:
+        p, args = self.pipeline, self.args
+        limit = p.max_offsets_per_trigger if p and p.max_offsets_per_trigger else args.max_offsets_per_trigger
+        trigger = p.trigger_seconds if p and p.trigger_seconds is not None else args.trigger_seconds
+        return limit, trigger
+
+    def before_query(self, spark: Any) -> None:
+        """Load and check the pipeline on the driver, then prepare and fence its sink."""
+        import kafka_source
+
+        p = self.pipeline = load_pipeline(pipeline_module(self.args))
+        if p.name != self.instance.pipeline:
+            raise PipelineError(
+                f"this artifact's pipeline is {p.name} but instance {self.instance.id} is "
+                f"of pipeline {self.instance.pipeline}"
+            )
+        if list(p.topics) != [self.args.topic]:
+            raise PipelineError(
+                f"pipeline {p.name} reads {list(p.topics)} but Relay deploys it on topic {self.args.topic}: "
+                "one topic per pipeline today (set RELAY_TOPIC to the pipeline's topic)"
+            )
+        check_transform(p, spark.createDataFrame([], kafka_source.KAFKA_SCHEMA))
+        secret_values(p, os.environ)  # each one set (names the missing ones, never a value)
+        sink = self.sink = p.build_sink()
+        if not isinstance(sink, ForEachBatch):
+            try:
+                sink.prepare(p.name)
+                sink.fence_epoch(p.name, self.instance.id, self.attempt.epoch)
+            except FencedWriteError as exc:  # the sink knows a newer epoch: this attempt is a zombie
+                raise ZombieAttemptError(f"attempt {self.attempt.id}: {exc}") from exc
+            except ConfigError as exc:  # e.g. the target table is missing: a relaunch can't fix it
+                raise PipelineError(f"pipeline {p.name}: its sink refused to start: {exc}") from exc
+        log.info("pipeline %s ready (sink %s, epoch %s)", p.name, type(sink).__name__, self.attempt.epoch)
+
+    def process_batch(
+        self, df: Any, batch_id: int, start: Offsets | None, end: Offsets, started: float
+    ) -> None:
+        p, attempt = self.pipeline, self.attempt
+        ranges = prepare_batch(self.ledger, attempt, start, end)
+        out = p.transform(df)
+        if isinstance(self.sink, ForEachBatch):
+            ctx = BatchContext(p.name, self.instance.id, attempt.epoch, batch_id, ranges, self._check_fence)
+            counts = counts_from(self.sink.fn(out.filter(range_filter(ranges)), ctx))
+        else:
+            ctx = TaskContext(p.name, self.instance.id, attempt.epoch, batch_id, ranges)
+            tasks = out.mapInArrow(partition_writer(self.sink, ctx), RESULT_SCHEMA).collect()
+            counts, fenced = sum_results(tasks)
+            if fenced:
+                raise ZombieAttemptError(
+                    f"attempt {attempt.id} (epoch {attempt.epoch}) fenced in the sink: {fenced[0]}"
+                )
+        result = commit_cursors(self.ledger, attempt, batch_id, start, end, counts, started)
+        log.info(
+            "batch %s: rows in %s written %s skipped %s (tasks); cursors %s; commit %.1f ms",
+            batch_id,
+            counts.rows_in,
+            counts.rows_written,
+            counts.rows_skipped + counts.rows_unchanged,
+            [(r["partition"], r["from"], r["to"]) for r in result.ranges],
+            result.commit_ms,
+        )
+
+    def _check_fence(self) -> None:
+        with self.ledger.tx() as conn:
+            self.ledger.check_current(conn, self.attempt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(argv, parse_args, PipelineDriver)
+
+
+if __name__ == "__main__":
+    exit_now(main())

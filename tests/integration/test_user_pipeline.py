@@ -1,0 +1,207 @@
+"""A user's pipeline (examples/json_upsert) on real parts: noida-db, the Spark cluster, PostgreSQL.
+
+The executors upsert JSON records by id into a PostgreSQL table through PostgresUpsertSink; the
+driver only moves cursors in the PostgreSQL ledger. A SIGKILL of the driver mid-stream replays the
+in-flight batch: the table must still hold exactly the newest value per id and the audit be clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg2
+import pytest
+from kafka import KafkaProducer
+from relay.artifacts import build_artifact
+from relay.audit import audit
+from relay.config import PROJECT_ROOT, RelayConfig
+from relay.kafka_offsets import KafkaOffsets
+from relay.launcher import driver_output
+from relay.ledger.models import AttemptState
+from relay.ledger.store import Ledger
+from relay.operations.deploy import deploy
+from relay.operations.inventory import master_apps
+from relay.operations.stop import stop
+from relay.status import status_view
+from sqlalchemy.engine import make_url
+
+from tests.conftest import wait_for
+from tests.integration.helpers import caught_up
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = PROJECT_ROOT / "examples" / "json_upsert"
+IDS = 200
+
+
+def _libpq(url: str) -> str:
+    return "postgresql://" + url.split("://", 1)[1]
+
+
+@pytest.fixture()
+def sink_url(postgres_url: str) -> str:
+    """A database of its own on the ledger's server, holding the example's table."""
+    name = f"sink_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(_libpq(postgres_url))
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    admin.close()
+    url = make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+    with psycopg2.connect(_libpq(url)) as conn, conn.cursor() as cur:
+        cur.execute((EXAMPLE / "schema.sql").read_text())
+    return _libpq(url)
+
+
+def table(url: str) -> dict[int, tuple[str, float]]:
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, name, score FROM json_upsert_users")
+        return {r[0]: (r[1], r[2]) for r in cur.fetchall()}
+
+
+def expected(last_version: int) -> dict[int, tuple[str, float]]:
+    return {i: (f"user{i}-v{last_version}", last_version + i / 1000) for i in range(IDS)}
+
+
+def produce_versions(bootstrap: str, topic: str, versions: range, rate: float | None = None) -> int:
+    """Every id once per version, keyed by id (one id stays in one partition, in order)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    sent, t0 = 0, time.monotonic()
+    try:
+        for v in versions:
+            for i in range(IDS):
+                value = {"id": i, "name": f"user{i}-v{v}", "score": v + i / 1000}
+                producer.send(topic, key=str(i).encode(), value=json.dumps(value).encode())
+                sent += 1
+                if rate and sent % 50 == 0:
+                    time.sleep(max(0.0, sent / rate - (time.monotonic() - t0)))
+        producer.send(topic, key=b"junk", value=b"not json")  # dropped by the transform
+        producer.flush(60)
+    finally:
+        producer.close()
+    return sent + 1
+
+
+def _kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _files_containing(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def test_user_pipeline_upserts_newest_per_id_through_a_driver_kill(
+    stack: RelayConfig, postgres_url: str, sink_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = stack.with_(pipeline="json_upsert", topic="json_upsert", ledger_url=postgres_url)
+    try:
+        _scenario(cfg, sink_url, monkeypatch)
+    except AssertionError:
+        for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
+            print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
+        raise
+
+
+def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JSON_UPSERT_SINK_URL", sink_url)  # where relay deploy runs: copied to the driver
+    ledger = Ledger(cfg.ledger_url)
+    art = build_artifact(cfg, "ju1", pipeline_code=EXAMPLE)
+    assert art.job_file.name == "pipeline_driver.py" and len(art.pipeline["code_hash"]) == 64
+    with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
+        kafka.ensure_topic(cfg.topic, cfg.partitions)
+    total = produce_versions(cfg.kafka_bootstrap, cfg.topic, range(5))
+    first = deploy(cfg, version="ju1", wait_s=300)
+    inst_id = first["instance_id"]
+    wait_for("the backlog to be applied", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
+    assert table(sink_url) == expected(4)
+
+    # Updates keep coming while the driver is SIGKILLed mid-stream; the master relaunches it.
+    producer = threading.Thread(
+        target=produce_versions, args=(cfg.kafka_bootstrap, cfg.topic, range(5, 30), 250.0)
+    )
+    producer.start()
+    try:
+        running = [a for a in ledger.attempts(inst_id) if a.state is AttemptState.RUNNING]
+        attempt_id, pid = running[-1].id, running[-1].pid
+        batches = len(ledger.recent_batches(cfg.pipeline, 1000, inst_id))
+        wait_for(
+            "batches during the updates",
+            lambda: len(ledger.recent_batches(cfg.pipeline, 1000, inst_id)) >= batches + 1,
+            timeout=120,
+        )
+        os.kill(pid, signal.SIGKILL)
+        wait_for(
+            "the master to relaunch the driver",
+            lambda: any(
+                x.id > attempt_id and x.state is AttemptState.RUNNING for x in ledger.attempts(inst_id)
+            ),
+            timeout=180,
+        )
+    finally:
+        producer.join()
+    total += 25 * IDS + 1
+    wait_for("the relaunched driver to catch up", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
+    assert table(sink_url) == expected(29)
+
+    # A backlog 100x the batches so far: the driver's memory must not follow the batch size.
+    def newest_batches(seen: int) -> list[dict]:
+        done = ledger.recent_batches(cfg.pipeline, 10_000, inst_id)  # newest first
+        return done[: len(done) - seen]
+
+    seen = len(ledger.recent_batches(cfg.pipeline, 10_000, inst_id))
+    total += produce_versions(cfg.kafka_bootstrap, cfg.topic, range(30, 31))  # one small batch
+    wait_for("the small batch to be applied", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
+    small = max(b["rows_read"] for b in newest_batches(seen))
+    py_pid = [a for a in ledger.attempts(inst_id) if a.state is AttemptState.RUNNING][-1].pid
+    jvm_pid = _ppid(py_pid)
+    before = (_kib(py_pid, "VmHWM"), _kib(jvm_pid, "VmRSS"))
+    seen = len(ledger.recent_batches(cfg.pipeline, 10_000, inst_id))
+    total += produce_versions(cfg.kafka_bootstrap, cfg.topic, range(31, 131))
+    wait_for("the big backlog to be applied", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
+    after = (_kib(py_pid, "VmHWM"), _kib(jvm_pid, "VmRSS"))
+    big = max(b["rows_read"] for b in newest_batches(seen))
+    print(
+        f"MEMORY batch rows {small} -> {big}; "
+        f"Python driver peak {before[0] // 1024} -> {after[0] // 1024} MiB; "
+        f"driver JVM RSS {before[1] // 1024} -> {after[1] // 1024} MiB"
+    )
+    assert big >= 10 * max(small, 1) and big <= 5000
+    assert after[0] - before[0] < 64 * 1024, "the Python driver's peak memory grew with the batch size"
+    assert table(sink_url) == expected(130)
+
+    report = audit(cfg, ledger)
+    assert report.ok, report.to_json()
+    assert sum(p.applied_once for p in report.partitions) == total and report.totals["unread"] == 0
+    assert any("executor-side sink" in n for n in report.notes)
+
+    # The records never reached the driver: every batch's counts are the tasks' sums and its
+    # ranges are cursor moves of the executor sink.
+    records = ledger.recent_batches(cfg.pipeline, 10_000, inst_id)
+    assert all(r["sink"] == "executor" for b in records for r in b["ranges"])
+    assert IDS <= sum(b["rows_applied"] for b in records) <= sum(b["rows_read"] for b in records)
+    junk = 4  # one per produce_versions() call: the transform drops them before the sink
+    assert sum(b["rows_read"] for b in records) >= total - junk
+
+    # The sink's URL reached the driver in its environment only: no log, argv or status shows it.
+    shown = json.dumps(status_view(cfg), default=str)
+    assert sink_url not in shown
+    needle = sink_url.encode()
+    assert _files_containing(cfg.logs_dir, needle) + _files_containing(cfg.spark_dir / "work", needle) == []
+
+    result = stop(cfg, timeout_s=120)
+    assert [s["graceful"] for s in result["stopped"]] == [True]
+    assert master_apps(cfg, cfg.pipeline) == []
+    assert audit(cfg, ledger).ok
