@@ -8,6 +8,7 @@ the same text comes out without escape codes.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -16,6 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+WIDE = 240  # columns when stdout is not a terminal
 TIME_KEYS = ("_at", "started", "ended", "created", "heartbeat")
 LEVEL_STYLE = {"OK": "green", "WARN": "yellow", "CRITICAL": "bold red", "ERROR": "bold red"}
 STATE_STYLE = {"ACTIVE": "green", "DRAINING": "yellow", "FAILED": "red", "FENCED": "red"}
@@ -176,7 +178,9 @@ def render_health(console: Console, report: Mapping[str, Any]) -> None:
 
 def render(name: str, result: Any, console: Console | None = None) -> None:
     """Print ``result`` of command ``name`` for a person."""
-    console = console or Console(soft_wrap=False)
+    if console is None:
+        # piped or captured: no terminal width to respect, so never wrap a line a script may grep
+        console = Console() if sys.stdout.isatty() else Console(width=WIDE, soft_wrap=True)
     if name == "status":
         render_status(console, result)
     elif name == "offsets":
@@ -186,6 +190,6 @@ def render(name: str, result: Any, console: Console | None = None) -> None:
     elif name == "audit":
         from relay.audit import render as render_audit
 
-        console.print(render_audit(result), markup=False, highlight=False)
+        console.print(render_audit(result), markup=False, highlight=False, soft_wrap=True)
     else:
         render_generic(console, result, name)
