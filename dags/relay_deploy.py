@@ -1,20 +1,33 @@
 """
 ### relay_deploy: start the pipeline if nothing of it runs
 
-Calls `relay.operations.deploy.deploy` (the same function as `relay deploy`): preflight (the ledger and
-the Spark master's `/json/` must both show nothing running, else the run fails with "already running"
-and starts nothing), create an instance holding the ledger's unfinished ranges (or the `starting`
-position on a first start), submit its driver in cluster mode through the Spark REST server
-(supervised), and wait up to `wait_seconds` for its first committed batch.
+```
+submit -> wait_first_commit -> verify_single_instance
+```
+
+The same steps as `relay deploy` (`relay.operations.deploy`), one task each:
+
+* **submit**: preflight (the ledger and the Spark master's `/json/` must both show nothing running,
+  else the task fails with "already running" and starts nothing), create an instance holding the
+  ledger's unfinished ranges (or the `starting` position on a first start), submit its driver in
+  cluster mode through the Spark REST server (supervised).
+* **wait_first_commit** (`FirstCommitSensor`, deferrable: the task is `deferred` and holds no worker
+  while the triggerer polls the ledger) until the first committed batch, up to `wait_seconds`; a
+  driver that dies or keeps being relaunched fails it at once with the driver's own error.
+* **verify_single_instance** (deferrable): the master lists exactly the new application; then the
+  asset event `relay://<pipeline>` with extra `{"version", "instance", "operation": "deploy"}`.
 
 **Params** (validated when triggered; a bad value is refused): `version` (code version label as
 `relay.inputs.validate_version` defines it, or empty for the version that ran last),
 `starting` (`earliest` | `latest`, first start only), `wait_seconds` (30..1800).
 
-**Retries: 0.** A retry after a failure in the middle (driver submitted, no first commit yet) would
-meet the instance it just started and fail with "already running", hiding the first error; deciding
-what to do is an operator's call (`relay_stop`, then deploy again). The task times out after
-35 minutes, beyond the longest allowed wait.
+**Clearing:** every task may be cleared and rerun. `submit` finds the instance this run created (a
+`deploy` report in the ledger names the run) and only submits it if that never happened; the two
+waits just look again.
+
+**Retries: 0.** A new run after a failure in the middle (driver submitted, no first commit yet) meets
+the instance it started and fails with "already running"; deciding what to do is an operator's call
+(`relay_stop`, then deploy again). Clearing a task of the same run is the safe retry.
 
 Addresses come from the connections `relay_spark`, `relay_kafka`, `relay_ledger` over `RELAY_*`.
 
@@ -24,15 +37,15 @@ A failed task is alerted by `RelayAlertNotifier` through the connection `relay_a
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
-from typing import Any
 
-from airflow.sdk import Param, get_current_context, task
+from airflow.sdk import Param, task
 from relay.inputs import OPTIONAL_VERSION_PATTERN, VERSION_MAX_LENGTH
+from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import relay_dag
-
-log = logging.getLogger("airflow.task")
+from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.sensors.first_commit import FirstCommitSensor
+from relay_airflow.tasks import deploy as steps
 
 with relay_dag(
     "relay_deploy",
@@ -63,20 +76,18 @@ with relay_dag(
         ),
     },
 ) as dag:
-
-    @task(execution_timeout=timedelta(minutes=35))
-    def deploy_pipeline() -> dict[str, Any]:
-        """Deploy; the returned summary (instance, driver, leases, timings) is the task's XCom."""
-        from relay.operations.deploy import deploy
-        from relay_airflow.config import relay_config_from_connections
-
-        params = get_current_context()["params"]
-        return deploy(
-            relay_config_from_connections(),
-            version=params["version"] or None,
-            starting=params["starting"],
-            wait_s=float(params["wait_seconds"]),
-            progress=log.info,
-        )
-
-    deploy_pipeline()
+    submit = task(task_id="submit", execution_timeout=timedelta(minutes=10))(steps.submit)()
+    wait = FirstCommitSensor(
+        task_id="wait_first_commit",
+        instance_id="{{ ti.xcom_pull(task_ids='submit')['instance_id'] }}",
+        wait_seconds="{{ params.wait_seconds }}",
+        execution_timeout=timedelta(minutes=40),
+    )
+    verify = LedgerWaitOperator(
+        task_id="verify_single_instance",
+        prepare=steps.verify_prepare,
+        complete=steps.verify_complete,
+        outlets=[PIPELINES],
+        execution_timeout=timedelta(minutes=10),
+    )
+    submit >> wait >> verify

@@ -1,24 +1,49 @@
 """
 ### relay_recover: offset-reset recovery when retention deleted what the checkpoint points at
 
-Calls `relay.operations.recover` (the same functions as `relay recover`). **Dry run by default**: the
-`plan` task prints, per partition, the cursor, earliest and latest offsets, the target, the records
-that will be declared lost (retention took them) and those skipped on purpose, and changes nothing.
-With `dry_run` false, `execute` stops whatever runs (verified through the Spark master's REST view),
-archives the old checkpoints (renamed, never deleted), records lost and skipped ranges as gaps with
-`reason`, opens new leases at the targets, starts a fresh instance and waits for its first commit.
+```
+plan -> approve -> execute -> wait_first_commit -> audit
+```
+
+The steps of `relay recover` (`relay.operations.recover`, `recover_steps`), one task each:
+
+* **plan** (always): per partition the cursor, earliest and latest offsets, the target, the records
+  that will be declared lost (retention took them), skipped on purpose or applied again; printed
+  and returned as XCom. Changes nothing. **Dry run by default** (`dry_run` true): the run ends here
+  and every later task is skipped.
+* **approve** (`dry_run` false): Airflow's human-in-the-loop `ApprovalOperator`. The run pauses
+  (task state `awaiting_input`) until a person answers under the task's *Required actions* in the UI
+  (or `PATCH /api/v2/dags/relay_recover/dagRuns/{run}/taskInstances/approve/-1/hitlDetails` with
+  `{"chosen_options": ["Approve"]}`); the body shows the plan. **Approve**: the recovery runs.
+  **Reject**: the later tasks are skipped and nothing changes. No answer within 24 h: rejected.
+  `pre_approved` true is an automated caller's explicit approval: the task succeeds at once without
+  asking anybody and says so in its log and XCom.
+* **execute**: open the recovery in the ledger (refused if retention took more than the approved
+  plan declares lost), stop whatever runs and verify none runs (Spark master's REST view), archive
+  the old checkpoints (renamed, never deleted), record lost and skipped ranges as gaps with `reason`,
+  open new leases at the targets, submit a fresh instance.
+* **wait_first_commit** (deferred: no worker held) for the new instance (300 s) -> EXECUTED; a driver
+  that dies first ends the recovery FAILED.
+* **audit**: the ledger audit must be clean (declared gaps count as accounted for); then the asset
+  event `relay://<pipeline>` with extra `{"version", "instance", "operation": "recovery"}`.
+
 The pipeline's results (the count) live in the ledger and are untouched.
 
 Strategies: `earliest` (resume at the cursor, or the earliest offset still available where retention
 took it), `latest`, `timestamp` (first offset at or after `time`, ISO 8601 or epoch ms), `offsets`
 (explicit, a JSON object `{"0": 42}` of partition -> offset). Targets outside earliest..latest are
 clamped with a warning. Refused while an upgrade is in progress, and when it would re-apply records
-unless `allow_reprocess` is set.
+unless `allow_reprocess` is set. A recovery in progress (a run that died half-way) is resumed by a
+new run with `dry_run` false, after its approval (the body says so).
 
 **Params** are validated when triggered (a bad value is refused with HTTP 400): `time` must be epoch
 milliseconds or ISO 8601, `offsets` an object of non-negative partition -> non-negative offset. Rules
 across params (strategy `timestamp` needs `time`, `offsets` needs `offsets`, neither may be given with
 another strategy) fail the `plan` task at once with one line, before anything is read or changed.
+
+**Clearing:** `plan` may always be cleared (it only reads). `execute`, `wait_first_commit` and `audit`
+find the recovery this run opened (by the run's key) and go on from its persisted state, so each may
+be cleared and rerun. Clearing `approve` asks again (only before `execute` ran).
 
 **Retries: 0** (an operator decides after a failure; the plan is always safe to re-run).
 
@@ -28,34 +53,15 @@ A failed task is alerted by `RelayAlertNotifier` through the connection `relay_a
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
-from typing import Any
 
-from airflow.sdk import Param, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException
-from relay.errors import ConfigError
-from relay.inputs import OFFSETS_SCHEMA, STRATEGIES, TIME_PATTERN, recover_inputs
+from airflow.sdk import Param, task
+from relay.inputs import OFFSETS_SCHEMA, STRATEGIES, TIME_PATTERN
+from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import relay_dag
-
-log = logging.getLogger("airflow.task")
-
-
-def _arguments(p: dict[str, Any]) -> dict[str, Any]:
-    """The recovery's arguments, checked across params first: a bad combination fails the task with
-    one line before the ledger or Kafka is touched (a per-param schema cannot express these rules)."""
-    try:
-        checked = recover_inputs(p["strategy"], p["time"], p["offsets"])
-    except ConfigError as exc:
-        raise AirflowFailException(f"relay_recover refused its params: {exc}") from None
-    return {
-        "strategy": checked.strategy,
-        "timestamp_ms": checked.timestamp_ms,
-        "offsets": checked.offsets,
-        "reason": p["reason"],
-        "allow_reprocess": p["allow_reprocess"],
-    }
-
+from relay_airflow.operators.approval import RecoveryApprovalOperator
+from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.tasks import recover as steps
 
 with relay_dag(
     "relay_recover",
@@ -75,30 +81,23 @@ with relay_dag(
             **OFFSETS_SCHEMA,
         ),
         "dry_run": Param(True, type="boolean", description="only print the plan (default)"),
+        "pre_approved": Param(
+            False,
+            type="boolean",
+            description="the caller approves the plan explicitly: execute without asking a person",
+        ),
         "reason": Param("", type="string", maxLength=500, description="why (recorded with the gaps)"),
         "allow_reprocess": Param(False, type="boolean", description="allow moving cursors backwards"),
     },
 ) as dag:
-
-    @task(execution_timeout=timedelta(minutes=10))
-    def plan() -> dict[str, Any]:
-        """Always: the plan, printed as a table and returned as JSON."""
-        from relay.operations.recover import recover
-        from relay_airflow.config import relay_config_from_connections
-
-        arguments = _arguments(get_current_context()["params"])  # first: refuse before reading anything
-        return recover(relay_config_from_connections(), dry_run=True, progress=log.info, **arguments)
-
-    @task(execution_timeout=timedelta(minutes=40))
-    def execute(_plan: dict[str, Any]) -> dict[str, Any]:
-        """Only when dry_run is false: do it, and wait for the new instance's first commit."""
-        from airflow.exceptions import AirflowSkipException
-        from relay.operations.recover import recover
-        from relay_airflow.config import relay_config_from_connections
-
-        p = get_current_context()["params"]
-        if p["dry_run"]:
-            raise AirflowSkipException("dry run: the plan above was not executed")
-        return recover(relay_config_from_connections(), dry_run=False, progress=log.info, **_arguments(p))
-
-    execute(plan())
+    plan = task(task_id="plan", execution_timeout=timedelta(minutes=10))(steps.plan)()
+    approve = RecoveryApprovalOperator(task_id="approve", execution_timeout=timedelta(minutes=5))
+    execute = task(task_id="execute", execution_timeout=timedelta(minutes=30))(steps.execute)()
+    wait = LedgerWaitOperator(
+        task_id="wait_first_commit",
+        prepare=steps.wait_prepare,
+        complete=steps.wait_complete,
+        execution_timeout=timedelta(minutes=20),
+    )
+    audit = task(task_id="audit", execution_timeout=timedelta(minutes=10), outlets=[PIPELINES])(steps.audit)()
+    plan >> approve >> execute >> wait >> audit

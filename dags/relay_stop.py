@@ -1,16 +1,27 @@
 """
 ### relay_stop: stop the pipeline gracefully and verify nothing of it runs
 
-Calls `relay.operations.stop.stop` (the same function as `relay stop`): every live instance is asked
-to stop between batches (offsets == commits); one that does not within `timeout_seconds` is fenced
-in the ledger (it can no longer commit) and killed. Then the Spark master's `/json/` must list no
-application of the pipeline, else the run fails.
+```
+stop -> verify_none_runs
+```
 
-**Params**: `timeout_seconds` (5..900): graceful-stop wait per instance.
+The same steps as `relay stop` (`relay.operations.stop`), one task each:
+
+* **stop**: every live instance is asked to stop between batches (offsets == commits); the task then
+  waits **deferred** (no worker held; the triggerer polls the Spark master for their drivers) up to
+  `timeout_seconds`; an instance still running then is fenced in the ledger (it can no longer
+  commit) and killed.
+* **verify_none_runs** (deferrable): the Spark master's `/json/` must list no application of the
+  pipeline within 60 s, and the ledger no live instance, else the task fails.
+
+**Params**: `timeout_seconds` (5..900): graceful-stop wait.
+
+**Clearing:** both tasks may be cleared and rerun: `stop` finds nothing live and moves on, the check
+looks again.
 
 **Retries: 0.** A failed stop leaves a state someone must look at (an application the master still
 lists); retrying blindly would fence/kill again without a human noticing. Stopping twice is safe, so
-re-trigger by hand after reading the log. The task times out after 20 minutes.
+re-trigger (or clear `stop`) by hand after reading the log.
 
 A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
 `relay_health`; logged at ERROR without it).
@@ -18,14 +29,12 @@ A failed task is alerted by `RelayAlertNotifier` through the connection `relay_a
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
-from typing import Any
 
-from airflow.sdk import Param, get_current_context, task
+from airflow.sdk import Param
 from relay_airflow.dag_factory import relay_dag
-
-log = logging.getLogger("airflow.task")
+from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.tasks import stop as steps
 
 with relay_dag(
     "relay_stop",
@@ -36,20 +45,20 @@ with relay_dag(
             type="integer",
             minimum=5,
             maximum=900,
-            description="graceful-stop wait per instance before fencing and killing it",
+            description="graceful-stop wait before fencing and killing what still runs",
         ),
     },
 ) as dag:
-
-    @task(execution_timeout=timedelta(minutes=20))
-    def stop_pipeline() -> dict[str, Any]:
-        """Stop; the returned summary (instances, graceful or not, seconds) is the task's XCom."""
-        from relay.operations.stop import stop
-        from relay_airflow.config import relay_config_from_connections
-
-        params = get_current_context()["params"]
-        return stop(
-            relay_config_from_connections(), timeout_s=float(params["timeout_seconds"]), progress=log.info
-        )
-
-    stop_pipeline()
+    stop = LedgerWaitOperator(
+        task_id="stop",
+        prepare=steps.stop_prepare,
+        complete=steps.stop_complete,
+        execution_timeout=timedelta(minutes=20),
+    )
+    verify = LedgerWaitOperator(
+        task_id="verify_none_runs",
+        prepare=steps.verify_prepare,
+        complete=steps.verify_complete,
+        execution_timeout=timedelta(minutes=10),
+    )
+    stop >> verify

@@ -1,23 +1,44 @@
 """
 ### relay_upgrade: blue-green upgrade to another code version, with an exact handoff
 
-Calls `relay.operations.upgrade.upgrade` (the same function as `relay upgrade`). Preflight: exactly one
-ACTIVE instance, and the Spark master's `/json/` lists exactly that application. The latest offsets H
-(or the explicit `handoff`) are read; in one ledger transaction blue's leases close at H and green's open
-at H. Green starts from a fresh checkpoint at H while blue drains `[cursor, H)`: no record is applied
-twice and none is skipped. If green has not committed within `grace_seconds` (or crashes), the upgrade
-is ABORTED: green is fenced and killed, blue gets its leases back and never stopped. Once green has
-committed, only forward: blue drains, is stopped gracefully, and the master must list only green.
+```
+plan -> handoff -> start_green -> wait_green_first_commit -> drain_blue -> stop_blue
+     -> verify_single_instance -> audit
+```
 
-Every step is persisted (PREFLIGHT, GREEN_STARTING, DRAINING_BLUE, STOPPING_BLUE, DONE / ABORTED /
-FAILED), so **a run that died half-way is resumed by triggering this DAG again with the same version**;
-two upgrades never run at once. `relay status` shows the last upgrades and their figures.
+The steps of `relay upgrade` (`relay.operations.upgrade_steps`), one task each, each moving the
+upgrade's persisted state (PREFLIGHT, GREEN_STARTING, DRAINING_BLUE, STOPPING_BLUE, DONE / ABORTED /
+FAILED):
+
+* **plan**: preflight (exactly one ACTIVE instance, and the Spark master's `/json/` lists exactly that
+  application; the artifact of `version` is built from the current code if missing) and open the
+  upgrade at PREFLIGHT, **or resume the one in progress** for the same version.
+* **handoff**: the latest offsets H (or the explicit `handoff`) are read; in one ledger transaction
+  blue's leases close at H and green's open at H (green is created) -> GREEN_STARTING.
+* **start_green**: submit green's driver (fresh checkpoint at H). A failed submission ABORTS.
+* **wait_green_first_commit** (deferred: no worker held): green's first commit within
+  `grace_seconds` of the handoff -> DRAINING_BLUE. Green dying or not committing in time ABORTS:
+  green is fenced and killed, blue gets its leases back and never stopped.
+* **drain_blue** (deferred): blue applies `[cursor, H)`; not within `drain_timeout_seconds` -> FAILED
+  (green keeps running). Then STOPPING_BLUE.
+* **stop_blue** (deferred): blue stops between batches, or is fenced and killed after 120 s.
+* **verify_single_instance** (deferred): the master lists only green's application.
+* **audit**: the upgrade's window audited offset by offset (duplicates, gaps) -> DONE; the asset event
+  `relay://<pipeline>` with extra `{"version", "instance": green, "operation": "upgrade"}`.
+
+No record is applied twice and none is skipped. An upgrade that ends ABORTED or FAILED fails the task
+that saw it and the rest of the run; `relay status` shows the last upgrades and their figures.
+
+**Clearing:** every task may be cleared and rerun, alone or with its downstream tasks: each acts
+only in its own state and moves on when the state has (the upgrade this run opened is found by the
+run's key). A run that died half-way is also resumed by triggering this DAG again with the same
+version; two upgrades never run at once.
 
 **Params** (validated when triggered; a bad value is refused): `version` (the target version, a label
-as `relay.inputs.validate_version` defines it; its artifact is built from the current code if missing),
-`handoff` (`latest` or JSON `{"<topic>": {"0": 42}}`), `grace_seconds`, `drain_timeout_seconds`.
+as `relay.inputs.validate_version` defines it), `handoff` (`latest` or JSON `{"<topic>": {"0": 42}}`),
+`grace_seconds`, `drain_timeout_seconds`.
 
-**Retries: 1.** Safe: a retry resumes the persisted upgrade where it stopped.
+**Retries: 1.** Safe: a retry reruns the step, which resumes the persisted upgrade where it stopped.
 
 A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
 `relay_health`; logged at ERROR without it).
@@ -25,15 +46,14 @@ A failed task is alerted by `RelayAlertNotifier` through the connection `relay_a
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
-from typing import Any
 
-from airflow.sdk import Param, get_current_context, task
+from airflow.sdk import Param, task
 from relay.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PATTERN
+from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import relay_dag
-
-log = logging.getLogger("airflow.task")
+from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.tasks import upgrade as steps
 
 with relay_dag(
     "relay_upgrade",
@@ -70,27 +90,33 @@ with relay_dag(
         ),
     },
 ) as dag:
-
-    @task(execution_timeout=timedelta(hours=3))
-    def upgrade_pipeline() -> dict[str, Any]:
-        """Run or resume the upgrade; fails the task unless it ends DONE (ABORTED says why)."""
-        from airflow.exceptions import AirflowFailException
-        from relay.operations.upgrade import upgrade
-        from relay_airflow.config import relay_config_from_connections
-
-        p = get_current_context()["params"]
-        result = upgrade(
-            relay_config_from_connections(),
-            p["version"],
-            handoff=p["handoff"],
-            grace_s=float(p["grace_seconds"]),
-            drain_timeout_s=float(p["drain_timeout_seconds"]),
-            progress=log.info,
-        )
-        if result["state"] != "DONE":
-            raise AirflowFailException(
-                f"upgrade {result['upgrade_id']} ended {result['state']}: {result['error']}"
-            )
-        return result
-
-    upgrade_pipeline()
+    short = timedelta(minutes=10)
+    plan = task(task_id="plan", execution_timeout=short)(steps.plan)()
+    handoff = task(task_id="handoff", execution_timeout=short)(steps.handoff)()
+    start_green = task(task_id="start_green", execution_timeout=short)(steps.start_green)()
+    wait_green = LedgerWaitOperator(
+        task_id="wait_green_first_commit",
+        prepare=steps.wait_green_prepare,
+        complete=steps.wait_green_complete,
+        execution_timeout=timedelta(hours=1, minutes=15),
+    )
+    drain_blue = LedgerWaitOperator(
+        task_id="drain_blue",
+        prepare=steps.drain_prepare,
+        complete=steps.drain_complete,
+        execution_timeout=timedelta(hours=2, minutes=15),
+    )
+    stop_blue = LedgerWaitOperator(
+        task_id="stop_blue",
+        prepare=steps.stop_blue_prepare,
+        complete=steps.stop_blue_complete,
+        execution_timeout=short,
+    )
+    verify = LedgerWaitOperator(
+        task_id="verify_single_instance",
+        prepare=steps.verify_prepare,
+        complete=steps.verify_complete,
+        execution_timeout=short,
+    )
+    audit = task(task_id="audit", execution_timeout=timedelta(minutes=30), outlets=[PIPELINES])(steps.audit)()
+    plan >> handoff >> start_green >> wait_green >> drain_blue >> stop_blue >> verify >> audit

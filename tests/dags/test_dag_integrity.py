@@ -34,7 +34,10 @@ RETRIES = {"relay_deploy": 0, "relay_health": 1, "relay_recover": 0, "relay_stop
 VALID_CONF: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "relay_deploy": ({}, {"version": "", "starting": "earliest", "wait_seconds": 300}),
     "relay_health": ({}, {}),
-    "relay_recover": ({}, {"strategy": "earliest", "dry_run": True, "allow_reprocess": False}),
+    "relay_recover": (
+        {},
+        {"strategy": "earliest", "dry_run": True, "pre_approved": False, "allow_reprocess": False},
+    ),
     "relay_stop": ({}, {"timeout_seconds": 120}),
     "relay_upgrade": ({"version": "v2"}, {"version": "v2", "handoff": "latest"}),
 }
@@ -53,6 +56,7 @@ BAD_CONF: dict[str, list[dict[str, Any]]] = {
         {"offsets": {"p0": 42}},
         {"dry_run": "no"},
         {"allow_reprocess": "yes"},
+        {"pre_approved": "yes"},
         {"reason": "x" * 501},
     ],
     "relay_stop": [{"timeout_seconds": 0}, {"timeout_seconds": "soon"}],
@@ -118,6 +122,63 @@ def test_dag_params_accept_the_minimal_conf_and_refuse_bad_ones(dagbag: DagBag, 
     assert {key: resolved[key] for key in policy} == policy
     if dag.params:
         assert BAD_CONF.get(dag_id), f"{dag_id} takes params: list confs it must refuse in BAD_CONF"
+
+
+#: Each operation's steps as tasks, in order (the graph is this chain).
+STEPS = {
+    "relay_deploy": ["submit", "wait_first_commit", "verify_single_instance"],
+    "relay_stop": ["stop", "verify_none_runs"],
+    "relay_upgrade": [
+        "plan",
+        "handoff",
+        "start_green",
+        "wait_green_first_commit",
+        "drain_blue",
+        "stop_blue",
+        "verify_single_instance",
+        "audit",
+    ],
+    "relay_recover": ["plan", "approve", "execute", "wait_first_commit", "audit"],
+}
+#: The waits: deferrable (they hand the wait to the triggerer and hold no worker).
+WAITS = {
+    "relay_deploy": {"wait_first_commit", "verify_single_instance"},
+    "relay_stop": {"stop", "verify_none_runs"},
+    "relay_upgrade": {"wait_green_first_commit", "drain_blue", "stop_blue", "verify_single_instance"},
+    "relay_recover": {"wait_first_commit"},
+}
+
+
+@pytest.mark.parametrize("dag_id", sorted(STEPS))
+def test_operation_steps_are_a_chain_of_tasks_and_waits_defer(dagbag: DagBag, dag_id: str) -> None:
+    dag = dagbag.dags[dag_id]
+    steps = STEPS[dag_id]
+    assert sorted(dag.task_ids) == sorted(steps)
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert dag.get_task(before).downstream_task_ids == {after}, (before, after)
+    for task_id in WAITS[dag_id]:
+        assert hasattr(type(dag.get_task(task_id)), "execute_complete"), f"{task_id} cannot defer"
+    assert "**Clearing:**" in dag.doc_md, "the doc says which tasks may be cleared and rerun"
+
+
+def test_recovery_asks_a_person_through_airflows_approval_operator(dagbag: DagBag) -> None:
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    approve = dagbag.dags["relay_recover"].get_task("approve")
+    assert isinstance(approve, ApprovalOperator)
+    assert approve.defaults == ["Reject"], "no answer in time must not approve"
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "task_id"),
+    [("relay_deploy", "verify_single_instance"), ("relay_upgrade", "audit"), ("relay_recover", "audit")],
+)
+def test_deploy_upgrade_and_recovery_emit_the_pipeline_asset(
+    dagbag: DagBag, dag_id: str, task_id: str
+) -> None:
+    from relay_airflow.assets import PIPELINES
+
+    assert dagbag.dags[dag_id].get_task(task_id).outlets == [PIPELINES]
 
 
 def test_health_runs_every_five_minutes_without_catchup_or_overlap(dagbag: DagBag) -> None:

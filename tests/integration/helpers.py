@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
@@ -62,20 +63,54 @@ def caught_up(cfg: RelayConfig, ledger: Ledger) -> bool:
 RUNNER = """
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
+from airflow.models.asset import AssetEvent
+from airflow.models.taskinstance import TaskInstance
+from airflow.utils.session import create_session
+from sqlalchemy import select
 dag = DagBag(sys.argv[1]).dags[sys.argv[2]]
 run = dag.test(run_conf=json.loads(sys.argv[3]))
+with create_session() as session:
+    tis = session.scalars(select(TaskInstance).where(
+        TaskInstance.dag_id == dag.dag_id, TaskInstance.run_id == run.run_id)).all()
+    events = session.scalars(select(AssetEvent).where(
+        AssetEvent.source_dag_id == dag.dag_id, AssetEvent.source_run_id == run.run_id)).all()
+    print("TASK_STATES=" + json.dumps({ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in tis}))
+    print("ASSET_EVENTS=" + json.dumps([{"uri": e.uri, "task_id": e.source_task_id, "extra": e.extra}
+                                        for e in events]))
 print("DAG_RUN_STATE=" + str(getattr(run.state, "value", run.state)))
 """
 
 
-def run_dag_test(config: RelayConfig, dag_id: str, conf: dict) -> tuple[str, str]:
-    """``dag.test(run_conf=conf)`` in a subprocess; returns (final run state, the run's output)."""
+@dataclass(frozen=True)
+class DagTest:
+    """What ``dag.test()`` left: the run's state, each task's state, the asset events, the output."""
+
+    state: str
+    tasks: dict[str, str]
+    asset_events: list[dict]
+    output: str
+
+
+def _marked(stdout: str, marker: str) -> str | None:
+    found = [line[len(marker) :] for line in stdout.splitlines() if line.startswith(marker)]
+    return found[-1] if found else None
+
+
+def dag_test(config: RelayConfig, dag_id: str, conf: dict) -> DagTest:
+    """``dag.test(run_conf=conf)`` in a subprocess (Airflow's settings are process-global)."""
     cmd = [sys.executable, "-c", RUNNER, str(PROJECT_ROOT / "dags"), dag_id, json.dumps(conf)]
     result = subprocess.run(
-        cmd, env=airflow_env(config), capture_output=True, text=True, timeout=600, check=False
+        cmd, env=airflow_env(config), capture_output=True, text=True, timeout=900, check=False
     )
     output = result.stdout + result.stderr
-    marker = "DAG_RUN_STATE="
-    states = [line[len(marker) :] for line in result.stdout.splitlines() if line.startswith(marker)]
-    assert states, f"dag.test() of {dag_id} did not finish (exit {result.returncode}):\n{output[-4000:]}"
-    return states[-1], output
+    state = _marked(result.stdout, "DAG_RUN_STATE=")
+    assert state, f"dag.test() of {dag_id} did not finish (exit {result.returncode}):\n{output[-4000:]}"
+    tasks = json.loads(_marked(result.stdout, "TASK_STATES=") or "{}")
+    events = json.loads(_marked(result.stdout, "ASSET_EVENTS=") or "[]")
+    return DagTest(state, tasks, events, output)
+
+
+def run_dag_test(config: RelayConfig, dag_id: str, conf: dict) -> tuple[str, str]:
+    """``dag.test(run_conf=conf)`` in a subprocess; returns (final run state, the run's output)."""
+    done = dag_test(config, dag_id, conf)
+    return done.state, done.output

@@ -1,5 +1,6 @@
-"""The DAGs against the real embedded stack: dag.test() of relay_deploy / relay_stop, and one trigger
-through a running Airflow's REST API.
+"""The DAGs against the real embedded stack: dag.test() of relay_deploy / relay_stop (their tasks, the
+asset event), relay_recover's approval in a running Airflow (Reject, Approve, the deferred wait), and
+one trigger through a running Airflow's REST API.
 
 ``dag.test()`` runs in a subprocess with :func:`relay_dev.airflow_local.airflow_env`: Airflow's settings
 are process-global (read at import), the subprocess gets the stack's AIRFLOW_HOME and connections, and
@@ -8,18 +9,23 @@ pytest's own logging stays untouched. The run's state is asserted (``dag.test()`
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import StackError
+from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.store import Ledger
+from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.producer import produce
 from relay_dev.airflow_local import (
+    AirflowApi,
     LocalAirflow,
     airflow_env,
     ensure_airflow_db,
@@ -28,8 +34,8 @@ from relay_dev.airflow_local import (
 )
 from relay_dev.stack import session_pids
 
-from tests.conftest import free_port
-from tests.integration.helpers import run_dag_test
+from tests.conftest import free_port, wait_for
+from tests.integration.helpers import caught_up, dag_test
 
 pytestmark = pytest.mark.integration
 
@@ -55,22 +61,170 @@ def test_deploy_then_refuse_a_second_deploy_then_stop(dags_config: RelayConfig) 
     config = dags_config
     ledger = Ledger(config.ledger_url, create=True)
 
-    state, output = run_dag_test(config, "relay_deploy", {"version": "v1", "wait_seconds": 240})
-    assert state == "success", output[-4000:]
+    run = dag_test(config, "relay_deploy", {"version": "v1", "wait_seconds": 240})
+    assert run.state == "success", run.output[-4000:]
+    assert run.tasks == {
+        "submit": "success",
+        "wait_first_commit": "success",
+        "verify_single_instance": "success",
+    }
     instances = ledger.instances(config.pipeline)
     assert len(instances) == 1 and instances[0].state.value == "ACTIVE"
     assert [a.name for a in master_apps(config, config.pipeline)] == [instances[0].app_name]
+    # "pipeline X now runs v1": one asset event a downstream DAG can be scheduled on.
+    assert run.asset_events == [
+        {
+            "uri": f"relay://{config.pipeline}/",
+            "task_id": "verify_single_instance",
+            "extra": {"version": "v1", "instance": instances[0].id, "operation": "deploy"},
+        }
+    ]
 
-    state, output = run_dag_test(config, "relay_deploy", {"version": "v2", "wait_seconds": 60})
-    assert state == "failed"
-    assert "already running" in output
+    run = dag_test(config, "relay_deploy", {"version": "v2", "wait_seconds": 60})
+    assert run.state == "failed"
+    assert "already running" in run.output
+    assert run.tasks["submit"] == "failed" and run.tasks["wait_first_commit"] == "upstream_failed"
     assert len(ledger.instances(config.pipeline)) == 1, "the refused deploy created an instance"
     assert [a.name for a in master_apps(config, config.pipeline)] == [instances[0].app_name]
+    assert run.asset_events == []
 
-    state, output = run_dag_test(config, "relay_stop", {"timeout_seconds": 60})
-    assert state == "success", output[-4000:]
+    run = dag_test(config, "relay_stop", {"timeout_seconds": 60})
+    assert run.state == "success", run.output[-4000:]
+    assert run.tasks == {"stop": "success", "verify_none_runs": "success"}
     assert master_apps(config, config.pipeline) == []
     assert ledger.instances(config.pipeline, live_only=True) == []
+    assert ledger.instance(instances[0].id).state.value == "STOPPED"  # between batches, not killed
+
+
+class RunApi(AirflowApi):
+    """What a person (or an automated caller) reads and answers on a run, through the REST API."""
+
+    def task_state(self, dag_id: str, run_id: str, task_id: str) -> str | None:
+        """The task's state; None while the api-server does not answer (a busy SQLite metadata DB)."""
+        try:
+            ti = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
+        except StackError as exc:
+            if "HTTP 4" in str(exc):
+                raise
+            return None
+        return ti.get("state")
+
+    def hitl_detail(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        return self._call(
+            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails"
+        )
+
+    def answer(self, dag_id: str, run_id: str, task_id: str, option: str) -> dict[str, Any]:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails"
+        return self._call("PATCH", path, json={"chosen_options": [option], "params_input": {}})
+
+    def explain(self, dag_id: str, run_id: str) -> str:
+        """Each task's state and the log of the ones that failed: the message of a failed assertion."""
+        tis = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        lines = [f"{ti['task_id']}: {ti['state']}" for ti in tis]
+        for ti in tis:
+            if ti["state"] == "failed":
+                task = f"{ti['task_id']}/logs/{ti['try_number']}"
+                path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task}"
+                content = self._call("GET", path, params={"full_content": True}).get("content")
+                lines.append(json.dumps(content)[-6000:])
+        return "\n".join(lines)
+
+    def asset_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        found = self._call(
+            "GET", "/api/v2/assets/events", params={"source_dag_id": dag_id, "source_run_id": run_id}
+        )
+        return list(found["asset_events"])
+
+
+def _ledger_state(ledger: Ledger, pipeline: str) -> tuple:
+    return (
+        [lease.to_json() for lease in ledger.pipeline_leases(pipeline)],
+        [g.to_json() for g in ledger.gaps(pipeline)],
+        [i.to_json() for i in ledger.instances(pipeline)],
+        ledger.operations(pipeline),
+        ledger.message_count(pipeline),
+    )
+
+
+def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_deferred(
+    stack: RelayConfig,
+) -> None:
+    """relay_recover in a running Airflow: the plan is shown for approval; Reject leaves the ledger
+    as it was; Approve recovers, the first-commit wait is deferred, the asset event is recorded."""
+    config = _private(stack, "afhitl")
+    config = config.with_(ports=replace(config.ports, airflow=free_port()))
+    ledger = Ledger(config.ledger_url, create=True)
+    deploy(config, version="v1", wait_s=240)
+    wait_for("the job to catch up", lambda: caught_up(config, ledger), timeout=180, interval=1)
+    stop(config)
+    produce(config.kafka_bootstrap, config.topic, 100, None, partitions=config.partitions)
+    with KafkaOffsets(config.kafka_bootstrap) as kafka:
+        cursor = min(le.next_offset for le in ledger.pipeline_leases(config.pipeline) if le.partition == 0)
+        kafka.delete_records(config.topic, {0: cursor + 20})  # retention takes 20 unread records
+    before = _ledger_state(ledger, config.pipeline)
+    dag_id, conf = "relay_recover", {"dry_run": False, "reason": "approval test"}
+
+    airflow = LocalAirflow(config, health_timeout_s=420)  # 2 shared cores: the api-server may be slow
+    airflow.start()
+    try:
+        api = RunApi(config, timeout_s=60)
+
+        def awaiting_approval(run_id: str) -> bool:
+            return api.task_state(dag_id, run_id, "approve") == "awaiting_input"
+
+        # Rejected: the later tasks are skipped, nothing in the ledger or on disk changed.
+        run_id = trigger_dag_rest(config, dag_id, conf)["dag_run_id"]
+        wait_for("the approval to be asked", lambda: awaiting_approval(run_id), timeout=300, interval=0.5)
+        detail = api.hitl_detail(dag_id, run_id, "approve")
+        assert detail["options"] == ["Approve", "Reject"]
+        assert "**20 record(s) will be declared lost**" in detail["body"], detail["body"]
+        assert f"| 0 | {cursor} | {cursor + 20} |" in detail["body"], detail["body"]
+        api.answer(dag_id, run_id, "approve", "Reject")
+        rejected = wait_dag_run(config, dag_id, run_id, timeout=300)
+        assert rejected["state"] == "success", api.explain(dag_id, run_id)
+        assert [api.task_state(dag_id, run_id, t) for t in ("execute", "wait_first_commit", "audit")] == [
+            "skipped"
+        ] * 3
+        assert _ledger_state(ledger, config.pipeline) == before
+        assert api.asset_events(dag_id, run_id) == []
+
+        # Approved: executed; the wait for the new instance's first commit holds no worker.
+        run_id = trigger_dag_rest(config, dag_id, conf)["dag_run_id"]
+        wait_for("the approval to be asked", lambda: awaiting_approval(run_id), timeout=300, interval=0.5)
+        api.answer(dag_id, run_id, "approve", "Approve")
+        seen: set[str | None] = set()
+
+        def deferred_or_over() -> bool:
+            seen.add(api.task_state(dag_id, run_id, "wait_first_commit"))
+            return bool(seen & {"deferred", "success", "failed", "upstream_failed"})
+
+        wait_for("the first-commit wait to start", deferred_or_over, timeout=300, interval=0.3)
+        assert "deferred" in seen, seen
+        approved = wait_dag_run(config, dag_id, run_id, timeout=400)
+        assert approved["state"] == "success", api.explain(dag_id, run_id)
+        op = ledger.operations(config.pipeline, "recovery", 1)[0]
+        assert op["state"] == "EXECUTED"
+        lost = [
+            (g.partition, g.start_offset, g.end_offset)
+            for g in ledger.gaps(config.pipeline)
+            if g.kind == "lost"
+        ]
+        assert lost == [(0, cursor, cursor + 20)]
+        events = api.asset_events(dag_id, run_id)
+        assert [(e["uri"], e["source_task_id"], e["extra"]) for e in events] == [
+            (
+                f"relay://{config.pipeline}/",
+                "audit",
+                {"version": "v1", "instance": op["data"]["instance_id"], "operation": "recovery"},
+            )
+        ]
+    finally:
+        try:
+            if master_apps(config, config.pipeline):
+                stop(config, timeout_s=30)
+        finally:
+            airflow.stop()
 
 
 @pytest.mark.slow  # make test-long (make run triggers relay_deploy through REST too)

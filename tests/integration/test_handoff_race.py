@@ -16,7 +16,8 @@ from relay.errors import ConfigError
 from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.models import Color, InstanceState
 from relay.ledger.store import Ledger
-from relay.operations.upgrade import ALL_TERMINAL, UpgradeState, _handoff
+from relay.operations.upgrade import ALL_TERMINAL, UpgradeState
+from relay.operations.upgrade_steps import _handoff
 from sqlalchemy import text
 
 from tests.conftest import wait_for

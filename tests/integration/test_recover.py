@@ -21,7 +21,7 @@ from relay.status import offsets_view
 from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, run_dag_test
+from tests.integration.helpers import caught_up, dag_test
 
 pytestmark = pytest.mark.integration
 
@@ -72,17 +72,32 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
     assert (p0["cursor"], p0["target"], p0["lost"], p0["skipped"]) == (cursor0, latest[0] - 20, lost, 0)
     assert planned["plan"]["total_lost"] == lost
     ensure_airflow_db(cfg)
-    state, output = run_dag_test(cfg, "relay_recover", {"strategy": "earliest"})
-    assert state == "success" and f"{lost} record(s) declared lost" in output, output[-4000:]
+    run = dag_test(cfg, "relay_recover", {"strategy": "earliest"})
+    assert run.state == "success" and f"{lost} record(s) declared lost" in run.output, run.output[-4000:]
+    assert run.tasks == {
+        "plan": "success",
+        "approve": "skipped",  # a dry run asks nobody and ends after the plan
+        "execute": "skipped",
+        "wait_first_commit": "skipped",
+        "audit": "skipped",
+    }
     assert ledger_snapshot(ledger, cfg.pipeline) == before and tree(cfg.checkpoints_dir) == ckpts
 
-    # Execute through the DAG: archived checkpoints, gaps recorded, a fresh instance resumes.
-    state, output = run_dag_test(
-        cfg, "relay_recover", {"strategy": "earliest", "dry_run": False, "reason": "retention test"}
-    )
-    assert state == "success", output[-4000:]
+    # Execute through the DAG, approved by the caller (a person's approval is tested in a running
+    # Airflow: test_airflow_dags): archived checkpoints, gaps recorded, a fresh instance resumes.
+    conf = {"strategy": "earliest", "dry_run": False, "pre_approved": True, "reason": "retention test"}
+    run = dag_test(cfg, "relay_recover", conf)
+    assert run.state == "success", run.output[-4000:]
+    assert set(run.tasks.values()) == {"success"}, run.tasks
+    assert "pre-approved by the trigger" in run.output
     done = ledger.operations(cfg.pipeline, "recovery", 1)[0]
     assert done["state"] == "EXECUTED"
+    assert [(e["uri"], e["extra"]) for e in run.asset_events] == [
+        (
+            f"relay://{cfg.pipeline}/",
+            {"version": "v1", "instance": done["data"]["instance_id"], "operation": "recovery"},
+        )
+    ]
     archived = done["data"]["archived_checkpoints"]
     assert archived and all(Path(p).exists() for p in archived)
     wait_for("the recovered job to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)

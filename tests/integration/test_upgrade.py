@@ -26,7 +26,7 @@ from relay_dev.airflow_local import config_env, ensure_airflow_db
 from sqlalchemy import select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, run_dag_test, start_rogue_app
+from tests.integration.helpers import caught_up, dag_test, start_rogue_app
 
 pytestmark = pytest.mark.integration
 
@@ -142,12 +142,16 @@ def test_upgrade_killed_after_green_started_is_resumed_to_done(cfg: RelayConfig)
     produce(cfg.kafka_bootstrap, cfg.topic, 300, None, partitions=cfg.partitions)
     # Running the DAG again resumes the same upgrade to DONE.
     ensure_airflow_db(cfg)
-    state, output = run_dag_test(
+    run = dag_test(
         cfg, "relay_upgrade", {"version": "v2", "grace_seconds": 240, "drain_timeout_seconds": 240}
     )
-    assert state == "success", output[-4000:]
+    assert run.state == "success", run.output[-4000:]
+    assert set(run.tasks.values()) == {"success"}, run.tasks  # each step resumed or moved on
     result = _result_of(ledger.operation(op["id"]))
-    assert result["state"] == "DONE" and f"resuming upgrade {op['id']}" in output, output[-4000:]
+    assert result["state"] == "DONE" and f"resuming upgrade {op['id']}" in run.output, run.output[-4000:]
+    assert [(e["task_id"], e["extra"]) for e in run.asset_events] == [
+        ("audit", {"version": "v2", "instance": result["green_id"], "operation": "upgrade"})
+    ]
     wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     report = audit(cfg, ledger)
     assert report.ok and report.message_count == 800, report.to_json()

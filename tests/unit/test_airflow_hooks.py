@@ -28,7 +28,6 @@ from relay_airflow.config import relay_config_from_connections  # noqa: E402
 from relay_airflow.hooks.kafka_offsets import KafkaOffsetsHook  # noqa: E402
 from relay_airflow.hooks.ledger import LedgerHook  # noqa: E402
 from relay_airflow.hooks.spark_standalone import SparkStandaloneHook  # noqa: E402
-from relay_airflow.sensors.first_commit import FirstCommitSensor  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 
@@ -184,20 +183,3 @@ def test_config_from_connections_keeps_config_when_no_connection_exists(
         LedgerHook().sqlalchemy_url()
     base = load_config({"RELAY_DATA_DIR": str(tmp_path)})
     assert relay_config_from_connections(base) == base
-
-
-def test_first_commit_sensor_pokes_the_ledger(connections: dict[str, str]) -> None:
-    from relay.ledger.models import Color, InstanceState
-
-    ledger = LedgerHook().get_conn()
-    create_ledger(ledger.url)
-    with ledger.tx() as conn:
-        inst = ledger.create_instance(conn, "sensed", "v1", Color.BLUE, "", "relay-sensed-1")
-    sensor = FirstCommitSensor(task_id="wait", instance_id=inst.id)
-    assert sensor.mode == "reschedule"
-    assert sensor.poke({}) is False
-    ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
-    assert sensor.poke({}) is True
-    ledger.set_instance(inst.id, state=InstanceState.FAILED, error="boom")
-    with pytest.raises(Exception, match="boom"):
-        sensor.poke({})

@@ -200,7 +200,7 @@ def test_inconsistent_recover_params_fail_the_plan_task_in_one_line_changing_not
 def test_consistent_recover_params_become_the_recovery_arguments(
     dags: dict[str, Any], plan_task: Any
 ) -> None:
-    to_arguments = plan_task.__globals__["_arguments"]
+    to_arguments = plan_task.__globals__["arguments"]
     params = sdk_validate(dags["relay_recover"], {"strategy": "offsets", "offsets": {"0": 42, "2": 7}})
     assert to_arguments(params) == {
         "strategy": "offsets",

@@ -93,18 +93,41 @@ def current_version(ledger: Ledger, pipeline: str) -> str:
     return (ran or instances)[-1].version if instances else FIRST_VERSION
 
 
-def deploy(
+DEPLOY_REPORT = "deploy"  # one report per deploy run that created an instance: how a rerun finds it
+
+
+def _created_by(ledger: Ledger, pipeline: str, key: str) -> dict | None:
+    """The deploy report a run with this key wrote (so a rerun of its task moves on), or None."""
+    for report in ledger.reports(pipeline, DEPLOY_REPORT, 20):
+        if report["body"].get("key") == key:
+            return dict(report["body"])
+    return None
+
+
+def submit(
     config: RelayConfig,
     version: str | None = None,
     local: bool = False,
     starting: str = "earliest",
-    wait_s: float = 300.0,
     progress: Progress = _noop,
     extra_args: list[str] | None = None,
+    key: str | None = None,
 ) -> dict:
-    """Start the pipeline unless something of it runs (ledger AND master agree); wait for its first commit."""
+    """Preflight, create the instance, submit its driver; does not wait for the first commit.
+
+    ``key`` names the caller's run (an Airflow DAG run): a second call with the same key finds the
+    instance the first one created and only submits it if that never happened, so the step can be
+    cleared and rerun. Without a key (the CLI) a second call is refused as "already running".
+    """
     t0 = time.time()
     ledger = Ledger(config.ledger_url)
+    done = _created_by(ledger, config.pipeline, key) if key else None
+    if done is not None:
+        inst = ledger.instance(done["instance_id"])
+        if inst.submission_id is None and inst.state.live:
+            launch_or_fail(config, ledger, inst, local=local, extra_args=extra_args)
+        progress(f"instance {inst.id} was created by this run already; moving on")
+        return {**done, "submission_id": ledger.instance(inst.id).submission_id}
     inv = take_inventory(config, ledger)
     if inv.live or inv.apps:
         raise OperationError(
@@ -119,20 +142,41 @@ def deploy(
         version = current_version(ledger, config.pipeline)
         progress(f"no version given: resuming {version}, the version {config.pipeline} ran last")
     inst, leases = create_instance(config, ledger, version, color, starting)
+    summary = {
+        "pipeline": config.pipeline,
+        "instance_id": inst.id,
+        "version": version,
+        "color": color.value,
+        "leases": leases,
+        "started_at": t0,
+    }
+    if key:
+        ledger.save_report(config.pipeline, DEPLOY_REPORT, "CREATED", {**summary, "key": key})
     progress(
         f"instance {inst.id} ({version}, {color.value}) holds {len(leases)} lease(s); starting its driver"
     )
     submission = launch_or_fail(config, ledger, inst, local=local, extra_args=extra_args)
     progress(f"driver {submission} submitted; waiting for the first commit")
-    first = wait_until_active(config, ledger, inst.id, wait_s, progress)
-    progress(f"instance {inst.id} is {first.state} after {first.seconds:.1f}s")
+    return {**summary, "submission_id": submission}
+
+
+def deploy(
+    config: RelayConfig,
+    version: str | None = None,
+    local: bool = False,
+    starting: str = "earliest",
+    wait_s: float = 300.0,
+    progress: Progress = _noop,
+    extra_args: list[str] | None = None,
+) -> dict:
+    """Start the pipeline unless something of it runs (ledger AND master agree); wait for its first commit."""
+    submitted = submit(config, version, local, starting, progress, extra_args)
+    ledger = Ledger(config.ledger_url)
+    first = wait_until_active(config, ledger, submitted["instance_id"], wait_s, progress)
+    progress(f"instance {submitted['instance_id']} is {first.state} after {first.seconds:.1f}s")
+    started_at = submitted.pop("started_at")
     return {
-        "pipeline": config.pipeline,
-        "instance_id": inst.id,
-        "version": version,
-        "color": color.value,
-        "submission_id": submission,
-        "leases": leases,
+        **submitted,
         "first_commit_s": round(first.seconds, 2),
-        "total_s": round(time.time() - t0, 2),
+        "total_s": round(time.time() - started_at, 2),
     }

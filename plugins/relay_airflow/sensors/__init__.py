@@ -1,1 +1,1 @@
-"""Sensors that wait on the ledger without holding a worker slot (reschedule mode)."""
+"""Sensors that wait on the ledger without holding a worker slot (deferred to a trigger)."""

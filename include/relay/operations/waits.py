@@ -1,0 +1,143 @@
+"""The conditions an operation waits for, each checked once per call: first commit, drain, stop, apps.
+
+Why one check at a time: the CLI loops over them in-process, while Airflow hands them to a trigger
+that polls from the triggerer (no worker held). Both must judge the same way, so the judgement lives
+here and the waiting lives with the caller. A check returns a JSON-able dict once the condition holds,
+None while it may still, and raises :class:`OperationError` when it never will (a dead driver).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from relay.config import RelayConfig
+from relay.errors import OperationError
+from relay.launcher import _StartWatch, driver_output, driver_running
+from relay.ledger.models import AttemptState, InstanceState
+from relay.ledger.store import Ledger
+from relay.operations.inventory import master_apps
+
+FIRST_COMMIT = "first_commit"
+DRAINED = "drained"
+DRIVERS_STOPPED = "drivers_stopped"
+ONLY_APPS = "only_apps"
+WAITS = (FIRST_COMMIT, DRAINED, DRIVERS_STOPPED, ONLY_APPS)
+
+
+class Wait(Protocol):
+    def check(self) -> dict[str, Any] | None: ...
+
+
+class FirstCommitWait:
+    """The instance committed its first batch (ACTIVE, or DRAINING once a handoff began).
+
+    The same judgement as :func:`relay.launcher.wait_until_active`, one round per call: a FAILED or
+    FENCED attempt, a driver the worker relaunched without a first commit, or a driver that is gone
+    ends the wait at once with the driver's own last output.
+    """
+
+    def __init__(self, config: RelayConfig, ledger: Ledger, instance_id: int) -> None:
+        self.config, self.ledger, self.instance_id = config, ledger, instance_id
+        self.started = time.time()
+        self._watch: _StartWatch | None = None
+
+    def check(self) -> dict[str, Any] | None:
+        inst = self.ledger.instance(self.instance_id)
+        if inst.state in (InstanceState.ACTIVE, InstanceState.DRAINING):
+            return {"instance_id": inst.id, "state": inst.state.value}
+        if not inst.state.live:
+            raise OperationError(
+                f"instance {inst.id} is {inst.state.value}: {inst.error or 'see driver log'}"
+            )
+        attempts = self.ledger.attempts(inst.id)
+        failed = [a for a in attempts if a.state in (AttemptState.FAILED, AttemptState.FENCED)]
+        if failed:
+            raise OperationError(
+                f"instance {inst.id}: attempt {failed[-1].id} {failed[-1].state.value}: {failed[-1].error}"
+            )
+        if self._watch is None or self._watch.submission != inst.submission_id:
+            self._watch = _StartWatch(self.config, inst.submission_id)
+        crash = self._watch.check()
+        if crash and not any(le.next_offset > le.start_offset for le in self.ledger.leases(inst.id)):
+            raise OperationError(
+                f"instance {inst.id}: {crash}; the driver's last output:\n{driver_output(self.config, inst)}"
+            )
+        if time.time() - self.started > 3 and not driver_running(self.config, inst.submission_id):
+            why = attempts[-1].error if attempts else "it exited before taking an attempt"
+            raise OperationError(
+                f"instance {inst.id}: driver {inst.submission_id} is not running: {why}; "
+                f"the driver's last output:\n{driver_output(self.config, inst)}"
+            )
+        return None
+
+
+class DrainedWait:
+    """Every closed lease of the instance reached its end (blue applied everything up to H).
+
+    A dead blue does not end the wait: its rest is taken over by the next start (see the upgrade).
+    """
+
+    def __init__(self, ledger: Ledger, instance_id: int) -> None:
+        self.ledger, self.instance_id = ledger, instance_id
+
+    def check(self) -> dict[str, Any] | None:
+        closed = [le for le in self.ledger.leases(self.instance_id) if le.end_offset is not None]
+        if all(le.drained for le in closed):
+            return {"instance_id": self.instance_id, "leases": len(closed)}
+        return None
+
+
+class DriversStoppedWait:
+    """No driver of these instances runs any more (each follows a driver the master relaunched)."""
+
+    def __init__(self, config: RelayConfig, ledger: Ledger, instance_ids: list[int]) -> None:
+        self.config, self.ledger, self.instance_ids = config, ledger, list(instance_ids)
+
+    def check(self) -> dict[str, Any] | None:
+        for instance_id in self.instance_ids:
+            if driver_running(self.config, self.ledger.instance(instance_id).submission_id):
+                return None
+        return {"instance_ids": self.instance_ids}
+
+
+class OnlyAppsWait:
+    """The Spark master (the outside view) lists exactly these applications of the pipeline."""
+
+    def __init__(self, config: RelayConfig, names: list[str]) -> None:
+        self.config, self.names = config, sorted(names)
+
+    def check(self) -> dict[str, Any] | None:
+        listed = sorted(a.name for a in master_apps(self.config, self.config.pipeline))
+        return {"apps": listed} if listed == self.names else None
+
+    def mismatch(self) -> str:
+        listed = sorted(a.name for a in master_apps(self.config, self.config.pipeline))
+        return (
+            f"the Spark master lists {listed or 'nothing'} of {self.config.pipeline}, expected {self.names}"
+        )
+
+
+def make_wait(config: RelayConfig, ledger: Ledger, kind: str, args: dict[str, Any]) -> Wait:
+    """A wait from its JSON description (what a trigger serializes)."""
+    if kind == FIRST_COMMIT:
+        return FirstCommitWait(config, ledger, int(args["instance_id"]))
+    if kind == DRAINED:
+        return DrainedWait(ledger, int(args["instance_id"]))
+    if kind == DRIVERS_STOPPED:
+        return DriversStoppedWait(config, ledger, [int(i) for i in args["instance_ids"]])
+    if kind == ONLY_APPS:
+        return OnlyAppsWait(config, [str(n) for n in args["names"]])
+    raise OperationError(f"unknown wait {kind!r}; one of {WAITS}")
+
+
+def wait_in_process(wait: Wait, timeout_s: float, what: str, poll_s: float = 0.5) -> dict[str, Any]:
+    """The CLI's way: poll here until the condition holds; OperationError naming ``what`` on timeout."""
+    deadline = time.time() + timeout_s
+    while True:
+        done = wait.check()
+        if done is not None:
+            return done
+        if time.time() > deadline:
+            raise OperationError(f"{what} did not happen within {timeout_s:.0f}s")
+        time.sleep(poll_s)

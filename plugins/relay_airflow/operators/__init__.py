@@ -1,0 +1,1 @@
+"""Operators: a deferrable step (prepare, wait in a trigger, complete) and the recovery's approval."""

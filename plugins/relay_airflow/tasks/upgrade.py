@@ -1,0 +1,167 @@
+"""relay_upgrade's tasks, one per persisted step of ``relay.operations.upgrade_steps``.
+
+Each task reads the upgrade's id from ``plan``'s XCom and runs its step; a step whose state has moved
+on does nothing, so any task can be cleared and rerun. An upgrade that ends ABORTED or FAILED fails
+the task that saw it (no retry: the error says what happened) and the rest of the run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from airflow.sdk import get_current_context
+from airflow.sdk.exceptions import AirflowFailException
+from relay.operations import upgrade_steps as steps
+from relay.operations.upgrade_steps import UpgradeState
+from relay.operations.waits import DRAINED, DRIVERS_STOPPED, FIRST_COMMIT, ONLY_APPS, OnlyAppsWait
+
+from relay_airflow.assets import emit_pipeline_event
+from relay_airflow.operators.ledger_wait import WaitFor
+from relay_airflow.tasks import ledger_of, log, relay_config, run_key, upstream
+from relay_airflow.triggers.ledger_wait import DONE, FAILED, TIMEOUT
+
+
+def _op_id(context: Any) -> int:
+    return int(upstream(context, "plan")["upgrade_id"])
+
+
+def _going(op: dict) -> dict:
+    """The operation, unless it ended ABORTED/FAILED: then the task (and the run) fails with why."""
+    if op["state"] in (UpgradeState.ABORTED.value, UpgradeState.FAILED.value):
+        raise AirflowFailException(f"upgrade {op['id']} ended {op['state']}: {op.get('error')}")
+    return op
+
+
+def _summary(op: dict) -> dict[str, Any]:
+    return {
+        "upgrade_id": op["id"],
+        "state": op["state"],
+        **{k: v for k, v in op["data"].items() if k != "run_keys"},
+    }
+
+
+def plan() -> dict[str, Any]:
+    """Preflight and open the upgrade, or resume the one in progress for this version."""
+    from relay.operations.upgrade import open_upgrade
+
+    context = get_current_context()
+    p = context["params"]
+    op = open_upgrade(
+        relay_config(),
+        p["version"],
+        handoff=p["handoff"],
+        grace_s=float(p["grace_seconds"]),
+        drain_timeout_s=float(p["drain_timeout_seconds"]),
+        progress=log.info,
+        key=run_key(context),
+    )
+    return _summary(_going(op))
+
+
+def handoff() -> dict[str, Any]:
+    context = get_current_context()
+    config = relay_config()
+    return _summary(_going(steps.hand_off(config, ledger_of(config), _op_id(context), log.info)))
+
+
+def start_green() -> dict[str, Any]:
+    context = get_current_context()
+    config = relay_config()
+    return _summary(_going(steps.start_green(config, ledger_of(config), _op_id(context), log.info)))
+
+
+def wait_green_prepare(context: Any) -> WaitFor | dict[str, Any]:
+    config = relay_config()
+    op = _going(ledger_of(config).operation(_op_id(context)))
+    if op["state"] != UpgradeState.GREEN_STARTING.value:
+        return _summary(op)
+    green = op["data"]["green_id"]
+    left = steps.green_grace_left(op)
+    return WaitFor(
+        FIRST_COMMIT, {"instance_id": green}, left, config.pipeline, note=f"green, {left:.0f}s left"
+    )
+
+
+def wait_green_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    """Green committed: blue drains. Green failed (or the grace passed) before committing: ABORTED."""
+    config = relay_config()
+    error = None if event["status"] == DONE else event["error"]
+    return _summary(
+        _going(steps.green_committed(config, ledger_of(config), _op_id(context), error, log.info))
+    )
+
+
+def drain_prepare(context: Any) -> WaitFor | dict[str, Any]:
+    config = relay_config()
+    op = _going(steps.begin_drain(ledger_of(config), _op_id(context)))
+    if op["state"] != UpgradeState.DRAINING_BLUE.value:
+        return _summary(op)
+    left = max(steps.drain_deadline(op) - time.time(), 1.0)
+    blue = op["data"]["blue_id"]
+    return WaitFor(
+        DRAINED, {"instance_id": blue}, left, config.pipeline, note=f"blue up to {op['data']['handoff']}"
+    )
+
+
+def drain_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    if event["status"] == FAILED:
+        raise AirflowFailException(f"the drain could not be checked: {event['error']}")
+    config = relay_config()
+    timed_out = event["status"] == TIMEOUT
+    return _summary(
+        _going(steps.blue_drained(config, ledger_of(config), _op_id(context), timed_out, log.info))
+    )
+
+
+def stop_blue_prepare(context: Any) -> WaitFor | dict[str, Any]:
+    config = relay_config()
+    op = _going(steps.request_blue_stop(ledger_of(config), _op_id(context)))
+    if op["state"] != UpgradeState.STOPPING_BLUE.value:
+        return _summary(op)
+    blue = op["data"]["blue_id"]
+    return WaitFor(
+        DRIVERS_STOPPED,
+        {"instance_ids": [blue]},
+        steps.BLUE_STOP_TIMEOUT_S,
+        config.pipeline,
+        note="blue stops",
+    )
+
+
+def stop_blue_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    """Blue stopped between batches, or it is fenced and killed now."""
+    if event["status"] == FAILED:
+        raise AirflowFailException(f"blue's stop could not be checked: {event['error']}")
+    config = relay_config()
+    return _summary(_going(steps.blue_stopped(config, ledger_of(config), _op_id(context), log.info)))
+
+
+def verify_prepare(context: Any) -> WaitFor:
+    config = relay_config()
+    ledger = ledger_of(config)
+    op = _going(ledger.operation(_op_id(context)))
+    names = steps.expected_apps(ledger, op)
+    return WaitFor(ONLY_APPS, {"names": names}, steps.VERIFY_TIMEOUT_S, config.pipeline, note=f"only {names}")
+
+
+def verify_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    config = relay_config()
+    if event["status"] != DONE:
+        raise AirflowFailException(
+            f"after the upgrade {OnlyAppsWait(config, event['args']['names']).mismatch()}"
+        )
+    return event["result"]
+
+
+def audit() -> dict[str, Any]:
+    """Audit the upgrade's window, DONE; emit "the pipeline runs the new version" as an asset event."""
+    context = get_current_context()
+    config = relay_config()
+    op = _going(steps.finish(config, ledger_of(config), _op_id(context), log.info))
+    if op["state"] != UpgradeState.DONE.value:
+        raise AirflowFailException(f"upgrade {op['id']} is {op['state']}, not DONE: run the earlier tasks")
+    result = steps.result(op)
+    log.info("upgrade %s DONE: duplicates %s, gaps %s", op["id"], result["duplicates"], result["gaps"])
+    emit_pipeline_event(context, config.pipeline, op["params"]["version"], result["green_id"], "upgrade")
+    return {k: v for k, v in result.items() if k != "run_keys"}
