@@ -33,7 +33,7 @@ log = logging.getLogger("airflow.task")
 with relay_dag(
     "relay_health",
     __doc__,
-    schedule=timedelta(minutes=5),
+    schedule="*/5 * * * *",  # a cron the UI describes ("every 5 minutes"); a timedelta shows as 0:05:00
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     retries=1,
 ) as dag:

@@ -22,10 +22,10 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -160,3 +160,45 @@ def headless_chrome(
                         pass
             if own_scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
+
+
+UI_TIMEOUT_S = 90  # generous: the api-server answers slowly when the 2 cores are shared
+
+
+def wait_until(driver: WebDriver, what: str, condition: Any, timeout_s: float = UI_TIMEOUT_S) -> Any:
+    """WebDriverWait on an explicit condition; the message names what was awaited and where."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
+    return wait.until(condition, message=f"waiting for {what} at {driver.current_url}")
+
+
+def airflow_login(driver: WebDriver, start_url: str, password: str, arrived: Callable[[Any], bool]) -> None:
+    """Airflow's real SimpleAuthManager form as admin: fields found by their visible labels, then
+    'Sign in'; ``arrived`` tells when the UI has taken us where we were going."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    driver.get(start_url)
+    wait_until(driver, "the login page", lambda d: "/auth/login" in d.current_url)
+    for label, value in (("Username", "admin"), ("Password", password)):
+        field_id = wait_until(
+            driver,
+            f"the {label} field",
+            ec.visibility_of_element_located((By.XPATH, f"//label[normalize-space()='{label}']")),
+        ).get_attribute("for")
+        driver.find_element(By.ID, field_id).send_keys(value)
+    wait_until(
+        driver,
+        "the Sign in button to be enabled",
+        ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Sign in']")),
+    ).click()
+    wait_until(driver, "the UI after login", arrived)
+
+
+def screenshot(driver: WebDriver, out: Path, name: str) -> Path:
+    path = out / f"{name}.png"
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +183,7 @@ def test_deploy_upgrade_and_recovery_emit_the_pipeline_asset(
 def test_health_runs_every_five_minutes_without_catchup_or_overlap(dagbag: DagBag) -> None:
     dag = dagbag.dags["relay_health"]
     assert dag.catchup is False and dag.max_active_runs == 1
-    assert dag.schedule == timedelta(minutes=5)
+    assert dag.schedule == "*/5 * * * *"
     assert all(t.execution_timeout.total_seconds() < 300 for t in dag.tasks)
 
 

@@ -27,7 +27,13 @@ from relay.config import load_config
 from relay_dev.airflow_local import LocalAirflow, admin_password, base_url
 from relay_dev.stack import LocalStack
 
-from tests.browser import headless_chrome, require_browser
+from tests.browser import (
+    airflow_login,
+    headless_chrome,
+    require_browser,
+    screenshot,
+    wait_until,
+)
 from tests.conftest import free_port, wait_for
 from tests.integration.conftest import private_data_dir, stack_env
 
@@ -38,7 +44,6 @@ pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
 
 RELAY_DAGS = ("relay_deploy", "relay_health", "relay_recover", "relay_stop", "relay_upgrade")
-UI_TIMEOUT_S = 90  # generous: the api-server answers slowly when the 2 cores are shared
 SHOWN_DATE = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}")  # the UI's format, e.g. 2026-11-23 14:53:11
 
 
@@ -104,43 +109,6 @@ def _wait_dags_registered(url: str, password: str, timeout_s: float = 180) -> No
     wait_for("the dag-processor to register the five Relay DAGs", registered, timeout=timeout_s, interval=1)
 
 
-def _save(driver: WebDriver, out: Path, name: str) -> Path:
-    path = out / f"{name}.png"
-    driver.save_screenshot(str(path))
-    print(f"screenshot: {path}")
-    return path
-
-
-def _wait(driver: WebDriver, what: str, condition: Any, timeout_s: float = UI_TIMEOUT_S) -> Any:
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    wait = WebDriverWait(driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
-    return wait.until(condition, message=f"waiting for {what} at {driver.current_url}")
-
-
-def _login(driver: WebDriver, url: str, password: str) -> None:
-    """The real SimpleAuthManager form: fields found by their visible labels, the 'Sign in' button."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-
-    driver.get(f"{url}/dags")
-    _wait(driver, "the login page", lambda d: "/auth/login" in d.current_url)
-    for label, value in (("Username", "admin"), ("Password", password)):
-        field_id = _wait(
-            driver,
-            f"the {label} field",
-            ec.visibility_of_element_located((By.XPATH, f"//label[normalize-space()='{label}']")),
-        ).get_attribute("for")
-        driver.find_element(By.ID, field_id).send_keys(value)
-    _wait(
-        driver,
-        "the Sign in button to be enabled",
-        ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Sign in']")),
-    ).click()
-    _wait(driver, "the redirect back to the DAG list", lambda d: d.current_url.rstrip("/").endswith("/dags"))
-
-
 def _next_run(scope: Any) -> tuple[str, datetime] | None:
     """(shown text, the <time> element's instant) of a 'Next Run' field, or None when it is empty."""
     from selenium.webdriver.common.by import By
@@ -167,7 +135,7 @@ def _dag_list(driver: WebDriver) -> dict[str, dict[str, Any]]:
             seen[dag_id] = {"active": toggle[0].is_selected(), "next_run": _next_run(found[0])}
         return seen
 
-    return _wait(driver, "the five Relay DAG cards", cards)
+    return wait_until(driver, "the five Relay DAG cards", cards)
 
 
 def _filter_lists(driver: WebDriver, button: str, expected: set[str]) -> None:
@@ -181,7 +149,7 @@ def _filter_lists(driver: WebDriver, button: str, expected: set[str]) -> None:
 
     state = {"Active": "false", "Paused": "true"}[button]
     driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
-    _wait(driver, f"the {button} filter", lambda d: f"paused={state}" in d.current_url)
+    wait_until(driver, f"the {button} filter", lambda d: f"paused={state}" in d.current_url)
     last: dict[str, Any] = {}
 
     def settled(d: WebDriver) -> set[str] | None:
@@ -204,7 +172,7 @@ def _filter_lists(driver: WebDriver, button: str, expected: set[str]) -> None:
         return names & set(RELAY_DAGS) == expected
 
     try:
-        _wait(driver, f"the list filtered by {button}", shown)
+        wait_until(driver, f"the list filtered by {button}", shown)
     except TimeoutException:
         raise AssertionError(
             f"under the {button} filter the list shows {last or 'nothing settled'} of the Relay DAGs, "
@@ -222,11 +190,13 @@ def test_airflow_ui_shows_relay_health_active_with_a_next_run(
     t0 = time.monotonic()
     with headless_chrome(tmp_path / "browser") as driver:
         try:
-            _login(driver, url, password)
+            airflow_login(
+                driver, f"{url}/dags", password, lambda d: d.current_url.rstrip("/").endswith("/dags")
+            )
 
             # The DAG list: every Relay DAG is there, its switch on; relay_health shows a next run.
             cards = _dag_list(driver)
-            _save(driver, tmp_path, "dag-list")
+            screenshot(driver, tmp_path, "dag-list")
             paused = sorted(d for d, c in cards.items() if not c["active"])
             assert not paused, f"paused in the DAG list (switch off): {paused}"
             now = datetime.now(UTC)
@@ -243,30 +213,32 @@ def test_airflow_ui_shows_relay_health_active_with_a_next_run(
             driver.find_element(
                 By.XPATH, f"{_card('relay_health')}//a[normalize-space()='relay_health']"
             ).click()
-            _wait(
+            wait_until(
                 driver,
                 "the relay_health page",
                 lambda d: d.current_url.rstrip("/").endswith("/dags/relay_health"),
             )
-            header = _wait(
+            header = wait_until(
                 driver,
                 "relay_health's header",
                 ec.visibility_of_element_located(
                     (By.XPATH, "//*[@data-testid='header-card'][.//h2[normalize-space()='relay_health']]")
                 ),
             )
-            toggle = _wait(driver, "relay_health's switch", lambda d: header.find_elements(By.XPATH, TOGGLE))
-            page_next = _wait(
+            toggle = wait_until(
+                driver, "relay_health's switch", lambda d: header.find_elements(By.XPATH, TOGGLE)
+            )
+            page_next = wait_until(
                 driver, "relay_health's Next Run", lambda d: _next_run(header) or False, timeout_s=15
             )
-            _save(driver, tmp_path, "relay_health")
+            screenshot(driver, tmp_path, "relay_health")
             assert toggle[0].is_selected(), "relay_health is paused on its own page (switch off)"
             assert SHOWN_DATE.search(page_next[0]), page_next
             assert now - timedelta(minutes=10) <= page_next[1] <= datetime.now(UTC) + timedelta(minutes=10)
             print(f"relay_health: active, next run {page_next[0]} ({page_next[1].isoformat()})")
             print(f"browser checks took {time.monotonic() - t0:.1f} s")
         except BaseException:
-            _save(driver, tmp_path, "failure")
+            screenshot(driver, tmp_path, "failure")
             (tmp_path / "failure.html").write_text(driver.page_source)
             print(f"page source: {tmp_path / 'failure.html'}")
             raise

@@ -27,7 +27,7 @@ from relay.config import RelayConfig, load_config
 from relay.ledger.engine import create_ledger
 from relay_dev.airflow_local import LocalAirflow, admin_password, airflow_home, base_url
 
-from tests.browser import headless_chrome
+from tests.browser import airflow_login, headless_chrome, screenshot, wait_until
 from tests.conftest import free_port
 from tests.integration.conftest import private_data_dir, stack_env
 from tests.page_story import Story, write_story
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
-UI_TIMEOUT_S = 60
 PLOTS = ("lag", "throughput", "duration", "cursors", "dead")
 
 
@@ -155,60 +154,23 @@ def test_page_serves_the_ledger_with_a_real_token(relay_airflow: RelayAirflow) -
 # -- the browser -------------------------------------------------------------------------------------
 
 
-def _wait(driver: WebDriver, what: str, condition: Any, timeout_s: float = UI_TIMEOUT_S) -> Any:
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    wait = WebDriverWait(driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
-    return wait.until(condition, message=f"waiting for {what} at {driver.current_url}")
-
-
-def _login(driver: WebDriver, url: str, password: str) -> None:
-    """Airflow's SimpleAuthManager form: fields found by their labels, then 'Sign in'."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-
-    driver.get(f"{url}/")
-    _wait(driver, "the login page", lambda d: "/auth/login" in d.current_url)
-    for label, value in (("Username", "admin"), ("Password", password)):
-        field_id = _wait(
-            driver,
-            f"the {label} field",
-            ec.visibility_of_element_located((By.XPATH, f"//label[normalize-space()='{label}']")),
-        ).get_attribute("for")
-        driver.find_element(By.ID, field_id).send_keys(value)
-    _wait(
-        driver,
-        "the Sign in button",
-        ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Sign in']")),
-    ).click()
-    _wait(driver, "the UI after login", lambda d: "/auth/login" not in d.current_url)
-
-
-def _save(driver: WebDriver, out: Path, name: str) -> Path:
-    path = out / f"{name}.png"
-    driver.save_screenshot(str(path))
-    print(f"screenshot: {path}")
-    return path
-
-
 def _open_relay_from_the_nav(driver: WebDriver) -> None:
     """Click the nav entry a user sees ("Relay"), then step into the frame the UI shows it in."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
 
-    entry = _wait(
+    entry = wait_until(
         driver,
         "the Relay entry in the navigation",
         ec.element_to_be_clickable((By.XPATH, "//a[@aria-label='Relay'][normalize-space()='Relay']")),
     )
     entry.click()
-    _wait(driver, "the plugin route", lambda d: d.current_url.rstrip("/").endswith("/plugin/relay"))
-    frame = _wait(
+    wait_until(driver, "the plugin route", lambda d: d.current_url.rstrip("/").endswith("/plugin/relay"))
+    frame = wait_until(
         driver, "the Relay frame", lambda d: d.find_elements(By.XPATH, "//iframe[contains(@src, '/relay/')]")
     )
     driver.switch_to.frame(frame[0])
-    _wait(
+    wait_until(
         driver,
         "the Relay page's data",
         lambda d: d.execute_script("return document.body.dataset.loaded || document.body.dataset.error"),
@@ -259,15 +221,20 @@ def test_relay_page_in_a_real_browser(relay_airflow: RelayAirflow, tmp_path: Pat
     story = relay_airflow.story
     with headless_chrome(tmp_path / "browser", width=1440, height=2300) as driver:
         try:
-            _login(driver, relay_airflow.url, relay_airflow.password)
+            airflow_login(
+                driver,
+                f"{relay_airflow.url}/",
+                relay_airflow.password,
+                lambda d: "/auth/login" not in d.current_url,
+            )
             _open_relay_from_the_nav(driver)
             drawn = _drawn(driver)
             driver.switch_to.default_content()
-            _save(driver, tmp_path, "relay-page")
+            screenshot(driver, tmp_path, "relay-page")
             print(json.dumps(drawn, indent=1))
         except BaseException:
             driver.switch_to.default_content()
-            _save(driver, tmp_path, "failure")
+            screenshot(driver, tmp_path, "failure")
             (tmp_path / "failure.html").write_text(driver.page_source)
             raise
     assert drawn["error"] == ""
