@@ -96,7 +96,18 @@ def _killed_and_back(
     return pid, new, seconds
 
 
-@pytest.mark.parametrize("part", [Part.KAFKA, Part.SPARK_MASTER, Part.SPARK_WORKER, Part.POSTGRES])
+SLOW = pytest.mark.slow  # make test-long: the quick suite keeps one part of each kind of restart
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        Part.KAFKA,
+        Part.SPARK_WORKER,
+        pytest.param(Part.SPARK_MASTER, marks=SLOW),
+        pytest.param(Part.POSTGRES, marks=SLOW),
+    ],
+)
 def test_a_killed_stack_part_comes_back_by_itself(healing: Healing, part: Part) -> None:
     old, _new, _seconds = _killed_and_back(healing, part.value, lambda: healing.stack.probe(part)[0])
     assert not pid_alive(old)
@@ -116,7 +127,15 @@ def _heartbeat(config: RelayConfig, component: str) -> float | None:
     return datetime.fromisoformat(beat).timestamp() if beat else None
 
 
-@pytest.mark.parametrize("component", ["api-server", "scheduler", "dag-processor", "triggerer"])
+@pytest.mark.parametrize(
+    "component",
+    [
+        "scheduler",  # the one that leaves orphans (its LocalExecutor workers)
+        pytest.param("api-server", marks=SLOW),
+        pytest.param("dag-processor", marks=SLOW),
+        pytest.param("triggerer", marks=SLOW),
+    ],
+)
 def test_a_killed_airflow_component_comes_back_by_itself(healing: Healing, component: str) -> None:
     h = healing
     name = program_name(component)

@@ -103,6 +103,7 @@ def _files_containing(root: Path, needle: bytes) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
+@pytest.mark.slow  # make test-long: a second Spark application start (~2-4 min on 2 cores)
 def test_user_pipeline_upserts_newest_per_id_through_a_driver_kill(
     stack: RelayConfig, postgres_url: str, sink_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
