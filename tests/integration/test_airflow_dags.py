@@ -147,6 +147,7 @@ def _ledger_state(ledger: Ledger, pipeline: str) -> tuple:
     )
 
 
+@pytest.mark.slow  # make test-long: the resumed approval task sometimes fails (open, see #13)
 def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_deferred(
     stack: RelayConfig,
 ) -> None:
@@ -183,9 +184,9 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
         api.answer(dag_id, run_id, "approve", "Reject")
         rejected = wait_dag_run(config, dag_id, run_id, timeout=300)
         assert rejected["state"] == "success", api.explain(dag_id, run_id)
-        assert [api.task_state(dag_id, run_id, t) for t in ("execute", "wait_first_commit", "audit")] == [
-            "skipped"
-        ] * 3
+        assert [
+            api.task_state(dag_id, run_id, t) for t in ("approve", "execute", "wait_first_commit", "audit")
+        ] == ["skipped"] * 4
         assert _ledger_state(ledger, config.pipeline) == before
         assert api.asset_events(dag_id, run_id) == []
 
@@ -200,7 +201,7 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
             return bool(seen & {"deferred", "success", "failed", "upstream_failed"})
 
         wait_for("the first-commit wait to start", deferred_or_over, timeout=300, interval=0.3)
-        assert "deferred" in seen, seen
+        assert "deferred" in seen, (seen, api.explain(dag_id, run_id))
         approved = wait_dag_run(config, dag_id, run_id, timeout=400)
         assert approved["state"] == "success", api.explain(dag_id, run_id)
         op = ledger.operations(config.pipeline, "recovery", 1)[0]

@@ -133,3 +133,29 @@ def test_approval_body_shows_what_will_be_declared_lost() -> None:
     body = plan_markdown(planned)
     assert "**20 record(s) will be declared lost**" in body
     assert "| 0 | 10 | 30 | 50 | 30 | 20 | 0 | 0 | invalidated |" in body
+
+
+def test_a_rejected_recovery_skips_the_approval_and_an_approved_one_proceeds() -> None:
+    """Reject takes Airflow's plain skip path (the tasks after it are skipped by their all_success
+    rule); Approve returns the answer for the tasks after it."""
+    from datetime import UTC, datetime
+
+    from airflow.sdk.exceptions import AirflowSkipException
+    from relay_airflow.operators.approval import RecoveryApprovalOperator
+
+    op = RecoveryApprovalOperator(task_id="approve")
+    who = {"id": "admin", "name": "admin"}
+
+    def answer(choice: str) -> dict:
+        return {
+            "chosen_options": [choice],
+            "params_input": {},
+            "responded_at": datetime.now(UTC),
+            "responded_by_user": who,
+        }
+
+    with pytest.raises(AirflowSkipException, match="Reject by .*nothing changed"):
+        op.execute_complete(context={}, event=answer("Reject"))
+    assert op.execute_complete(context={}, event=answer("Approve"))["chosen_options"] == ["Approve"]
+    with pytest.raises(ValueError, match="not in"):
+        op.execute_complete(context={}, event=answer("Maybe"))

@@ -2,7 +2,7 @@
 
 Airflow 3's human-in-the-loop ``ApprovalOperator`` with the plan as its body (shown under the task's
 *Required actions* in the UI, and by the REST API's ``hitlDetails``). Approve: the recovery runs.
-Reject: every task after it is skipped and the ledger is untouched. Nobody answers within
+Reject: this task and every task after it are skipped and the ledger is untouched. Nobody answers within
 ``response_timeout``: the default, Reject, is taken.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 RESPONSE_TIMEOUT = timedelta(hours=24)
@@ -73,3 +73,20 @@ class RecoveryApprovalOperator(ApprovalOperator):
             return {"chosen_options": [self.APPROVE], "pre_approved": True, "total_lost": total}
         self.log.info("waiting for a person to approve or reject:\n%s", self.body)
         return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """Reject skips this task, and with it every task after it (their trigger rule is all_success).
+
+        Skipping here, rather than ``ApprovalOperator``'s ``SkipMixin.skip`` of the downstream tasks,
+        keeps the resumed task on Airflow's plain skip path: with the downstream skip, a rejected run
+        sometimes ended with this task failed (seen twice under load, with Airflow 3.3.2).
+        """
+        answered = HITLOperator.execute_complete(self, context=context, event=event)
+        chosen = answered["chosen_options"][0]
+        self.hitl_summary_extra["approved"] = chosen == self.APPROVE
+        if chosen != self.APPROVE:
+            raise AirflowSkipException(
+                f"{chosen} by {answered['responded_by_user']}: the recovery was not executed, nothing changed"
+            )
+        self.log.info("Approved by %s: the recovery runs", answered["responded_by_user"])
+        return answered
