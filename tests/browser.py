@@ -64,6 +64,8 @@ def _scratch_dir(work_dir: Path) -> tuple[Path, bool]:
     if len(str(scratch)) + _SOCKET_SUFFIX <= 107:
         scratch.mkdir(exist_ok=True)
         return scratch, False
+    if not Path(tempfile.gettempdir()).is_dir():  # a cached TMPDIR that an earlier test removed
+        tempfile.tempdir = None
     return Path(tempfile.mkdtemp(prefix="chromium-")), True
 
 

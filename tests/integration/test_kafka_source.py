@@ -118,8 +118,13 @@ def spark_ks(work_ks: Path) -> Iterator[Any]:
         mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
         spark = local_session("test_kafka_source", base)
         ks.register(spark)
-        yield spark
-        spark.stop()
+        try:
+            yield spark
+        finally:
+            spark.stop()
+    # tempfile caches the TMPDIR it saw (this module's, deleted with its work dir): forget it, or a
+    # later test's tempfile.mkdtemp() fails with FileNotFoundError (seen in the browser tests)
+    tempfile.tempdir = None
 
 
 def _create_topic(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
