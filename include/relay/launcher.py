@@ -185,49 +185,67 @@ class FirstCommit:
     state: str
 
 
-def wait_until_active(
-    config: RelayConfig, ledger: Ledger, instance_id: int, timeout_s: float, progress: object = None
-) -> FirstCommit:
-    """Wait until the instance committed its first batch (or idles with nothing to read).
+class FirstCommitWait:
+    """The instance committed its first batch (ACTIVE, or DRAINING once a handoff began), one round
+    per ``check()``: the CLI loops over it (:func:`wait_until_active`) and Airflow's trigger polls it.
 
-    Raises OperationError as soon as the driver failed (no need to wait for the timeout), with the
-    driver's own last output in the message: a driver that dies before it takes an attempt (an
-    ImportError) leaves nothing in the ledger, and under supervision it is relaunched forever while
-    the master still says RUNNING, so its launch count on the worker is the only early sign.
+    A FAILED or FENCED attempt, a driver the worker relaunched without a first commit (an ImportError
+    leaves nothing in the ledger, and under supervision it is relaunched forever while the master
+    still says RUNNING, so its launch count on the worker is the only early sign), or a driver that is
+    gone ends the wait at once with the driver's own last output.
     """
-    t0 = time.time()
-    deadline = t0 + timeout_s
-    last_note = 0.0
-    watch: _StartWatch | None = None
-    while True:
-        inst = ledger.instance(instance_id)
+
+    def __init__(self, config: RelayConfig, ledger: Ledger, instance_id: int) -> None:
+        self.config, self.ledger, self.instance_id = config, ledger, instance_id
+        self.started = time.time()
+        self.instance: Instance | None = None  # as the last check read it
+        self._watch: _StartWatch | None = None
+
+    def check(self) -> dict[str, object] | None:
+        inst = self.instance = self.ledger.instance(self.instance_id)
         if inst.state in (InstanceState.ACTIVE, InstanceState.DRAINING):
-            return FirstCommit(instance_id, time.time() - t0, inst.state.value)
+            return {"instance_id": inst.id, "state": inst.state.value}
         if not inst.state.live:
             raise OperationError(
-                f"instance {instance_id} is {inst.state.value}: {inst.error or 'see driver log'}"
+                f"instance {inst.id} is {inst.state.value}: {inst.error or 'see driver log'}"
             )
-        attempts = ledger.attempts(instance_id)
+        attempts = self.ledger.attempts(inst.id)
         failed = [a for a in attempts if a.state in (AttemptState.FAILED, AttemptState.FENCED)]
         if failed:
             raise OperationError(
-                f"instance {instance_id}: attempt {failed[-1].id} {failed[-1].state.value}: "
-                f"{failed[-1].error}"
+                f"instance {inst.id}: attempt {failed[-1].id} {failed[-1].state.value}: {failed[-1].error}"
             )
-        if watch is None or watch.submission != inst.submission_id:
-            watch = _StartWatch(config, inst.submission_id)
-        crash = watch.check()
-        if crash and not any(le.next_offset > le.start_offset for le in ledger.leases(instance_id)):
+        if self._watch is None or self._watch.submission != inst.submission_id:
+            self._watch = _StartWatch(self.config, inst.submission_id)
+        crash = self._watch.check()
+        if crash and not any(le.next_offset > le.start_offset for le in self.ledger.leases(inst.id)):
             raise OperationError(
-                f"instance {instance_id}: {crash}; the driver's last output:\n{driver_output(config, inst)}"
+                f"instance {inst.id}: {crash}; the driver's last output:\n{driver_output(self.config, inst)}"
             )
-        if time.time() - t0 > 3 and not driver_running(config, inst.submission_id):
+        if time.time() - self.started > 3 and not driver_running(self.config, inst.submission_id):
             why = attempts[-1].error if attempts else "it exited before taking an attempt"
             raise OperationError(
-                f"instance {instance_id}: driver {inst.submission_id} is not running: {why}; "
-                f"the driver's last output:\n{driver_output(config, inst)}"
+                f"instance {inst.id}: driver {inst.submission_id} is not running: {why}; "
+                f"the driver's last output:\n{driver_output(self.config, inst)}"
             )
-        if time.time() > deadline:
+        return None
+
+
+def wait_until_active(
+    config: RelayConfig, ledger: Ledger, instance_id: int, timeout_s: float, progress: object = None
+) -> FirstCommit:
+    """Wait until the instance committed its first batch; OperationError as soon as the driver
+    failed (see :class:`FirstCommitWait`) or after ``timeout_s``."""
+    t0 = time.time()
+    last_note = 0.0
+    wait = FirstCommitWait(config, ledger, instance_id)
+    while True:
+        done = wait.check()
+        if done is not None:
+            return FirstCommit(instance_id, time.time() - t0, str(done["state"]))
+        inst = wait.instance
+        assert inst is not None  # set by every check
+        if time.time() - t0 > timeout_s:
             raise OperationError(
                 f"instance {instance_id} made no first commit within {timeout_s:.0f}s "
                 f"(driver {inst.submission_id}, state {inst.state.value})"

@@ -13,8 +13,7 @@ from typing import Any, Protocol
 
 from relay.config import RelayConfig
 from relay.errors import OperationError
-from relay.launcher import _StartWatch, driver_output, driver_running
-from relay.ledger.models import AttemptState, InstanceState
+from relay.launcher import FirstCommitWait, driver_running
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
 
@@ -27,49 +26,6 @@ WAITS = (FIRST_COMMIT, DRAINED, DRIVERS_STOPPED, ONLY_APPS)
 
 class Wait(Protocol):
     def check(self) -> dict[str, Any] | None: ...
-
-
-class FirstCommitWait:
-    """The instance committed its first batch (ACTIVE, or DRAINING once a handoff began).
-
-    The same judgement as :func:`relay.launcher.wait_until_active`, one round per call: a FAILED or
-    FENCED attempt, a driver the worker relaunched without a first commit, or a driver that is gone
-    ends the wait at once with the driver's own last output.
-    """
-
-    def __init__(self, config: RelayConfig, ledger: Ledger, instance_id: int) -> None:
-        self.config, self.ledger, self.instance_id = config, ledger, instance_id
-        self.started = time.time()
-        self._watch: _StartWatch | None = None
-
-    def check(self) -> dict[str, Any] | None:
-        inst = self.ledger.instance(self.instance_id)
-        if inst.state in (InstanceState.ACTIVE, InstanceState.DRAINING):
-            return {"instance_id": inst.id, "state": inst.state.value}
-        if not inst.state.live:
-            raise OperationError(
-                f"instance {inst.id} is {inst.state.value}: {inst.error or 'see driver log'}"
-            )
-        attempts = self.ledger.attempts(inst.id)
-        failed = [a for a in attempts if a.state in (AttemptState.FAILED, AttemptState.FENCED)]
-        if failed:
-            raise OperationError(
-                f"instance {inst.id}: attempt {failed[-1].id} {failed[-1].state.value}: {failed[-1].error}"
-            )
-        if self._watch is None or self._watch.submission != inst.submission_id:
-            self._watch = _StartWatch(self.config, inst.submission_id)
-        crash = self._watch.check()
-        if crash and not any(le.next_offset > le.start_offset for le in self.ledger.leases(inst.id)):
-            raise OperationError(
-                f"instance {inst.id}: {crash}; the driver's last output:\n{driver_output(self.config, inst)}"
-            )
-        if time.time() - self.started > 3 and not driver_running(self.config, inst.submission_id):
-            why = attempts[-1].error if attempts else "it exited before taking an attempt"
-            raise OperationError(
-                f"instance {inst.id}: driver {inst.submission_id} is not running: {why}; "
-                f"the driver's last output:\n{driver_output(self.config, inst)}"
-            )
-        return None
 
 
 class DrainedWait:
