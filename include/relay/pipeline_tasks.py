@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any
 
-from relay.protocol import TaskCounts
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult
 
 RESULT_SCHEMA = "rows_in long, rows_written long, rows_skipped long, rows_unchanged long, fenced string"
@@ -53,25 +52,27 @@ def partition_writer(sink: ExecutorSink, ctx: TaskContext) -> Callable[[Iterator
     return write
 
 
-def sum_results(rows: Iterable[Any]) -> tuple[TaskCounts, list[str]]:
+def sum_results(rows: Iterable[Any]) -> tuple[TaskResult, list[str]]:
     """The batch's counts and the fenced tasks' messages, from the collected task rows."""
-    total, fenced = TaskCounts(), []
+    total, fenced = TaskResult(), []
     for r in rows:
-        total = TaskCounts(
-            total.rows_in + int(r["rows_in"] or 0),
-            total.rows_written + int(r["rows_written"] or 0),
-            total.rows_skipped + int(r["rows_skipped"] or 0),
-            total.rows_unchanged + int(r["rows_unchanged"] or 0),
+        total = total.add(
+            TaskResult(
+                int(r["rows_in"] or 0),
+                int(r["rows_written"] or 0),
+                int(r["rows_skipped"] or 0),
+                int(r["rows_unchanged"] or 0),
+            )
         )
         if r["fenced"]:
             fenced.append(r["fenced"])
     return total, fenced
 
 
-def counts_from(value: TaskResult | int | None) -> TaskCounts:
+def counts_from(value: TaskResult | int | None) -> TaskResult:
     """What a ForEachBatch function returned, as batch counts (None: nothing known)."""
     if isinstance(value, TaskResult):
-        return TaskCounts(value.rows_in, value.rows_written, value.rows_skipped, value.rows_unchanged)
+        return value
     if isinstance(value, int) and not isinstance(value, bool):
-        return TaskCounts(rows_in=value, rows_written=value)
-    return TaskCounts()
+        return TaskResult(rows_in=value, rows_written=value)
+    return TaskResult()

@@ -19,6 +19,7 @@ from relay.errors import SourceGapError
 from relay.ledger import schema as s
 from relay.ledger.models import Attempt, Instance, InstanceState, Lease, Offsets
 from relay.ledger.store import Ledger
+from relay.sinks.base import TaskResult
 
 
 @dataclass(frozen=True)
@@ -277,23 +278,13 @@ def prepare_batch(ledger: Ledger, attempt: Attempt, start: Offsets | None, end: 
         return _task_ranges(_leases_by_tp(ledger.leases(instance.id, conn)), start, end)
 
 
-@dataclass(frozen=True)
-class TaskCounts:
-    """The executors' counts of one batch (the sum of every task's ``TaskResult``)."""
-
-    rows_in: int = 0
-    rows_written: int = 0
-    rows_skipped: int = 0
-    rows_unchanged: int = 0
-
-
 def commit_cursors(
     ledger: Ledger,
     attempt: Attempt,
     batch_id: int,
     start: Offsets | None,
     end: Offsets,
-    counts: TaskCounts,
+    counts: TaskResult,
     started_at: float | None = None,
 ) -> CommitResult:
     """Commit a batch the executors already wrote: the cursors only, in ONE ledger transaction.

@@ -10,7 +10,7 @@ from relay.errors import SourceGapError, ZombieAttemptError
 from relay.ledger.models import Color, InstanceState
 from relay.ledger.store import Ledger
 from relay.pipeline_tasks import counts_from, partition_writer, sum_results
-from relay.protocol import TaskCounts, commit_cursors, prepare_batch
+from relay.protocol import commit_cursors, prepare_batch
 from relay.sinks.base import FencedWriteError, TaskContext, TaskResult
 
 T = "users"
@@ -36,14 +36,14 @@ def test_cursors_move_to_the_planned_end_and_a_replay_is_a_no_op(ledger) -> None
     inst, att = started(ledger, {0: 0, 1: 10})
     end = {T: {0: 5, 1: 12}}
     assert prepare_batch(ledger, att, None, end) == {(T, 0): (0, 5), (T, 1): (10, 12)}
-    res = commit_cursors(ledger, att, 0, None, end, TaskCounts(7, 6, 1, 0))
+    res = commit_cursors(ledger, att, 0, None, end, TaskResult(7, 6, 1, 0))
     assert (res.rows_read, res.rows_applied, res.rows_skipped, res.dead_letters) == (7, 6, 1, 0)
     assert {r["sink"] for r in res.ranges} == {"executor"}
     assert sorted(le.next_offset for le in ledger.leases(inst.id)) == [5, 12]
     assert ledger.instance(inst.id).state is InstanceState.ACTIVE
     # The driver died after the commit: the replayed batch has nothing left to apply or move.
     assert prepare_batch(ledger, att, None, end) == {}
-    assert commit_cursors(ledger, att, 0, None, end, TaskCounts()).ranges == []
+    assert commit_cursors(ledger, att, 0, None, end, TaskResult()).ranges == []
 
 
 def test_a_superseded_attempt_can_neither_prepare_nor_commit(ledger) -> None:
@@ -52,19 +52,19 @@ def test_a_superseded_attempt_can_neither_prepare_nor_commit(ledger) -> None:
     with pytest.raises(ZombieAttemptError):
         prepare_batch(ledger, old, None, {T: {0: 5}})
     with pytest.raises(ZombieAttemptError):
-        commit_cursors(ledger, old, 0, None, {T: {0: 5}}, TaskCounts())
+        commit_cursors(ledger, old, 0, None, {T: {0: 5}}, TaskResult())
     assert ledger.leases(inst.id)[0].next_offset == 0
 
 
 def test_a_batch_starting_past_a_cursor_is_refused(ledger) -> None:
     _, att = started(ledger, {0: 0})
     with pytest.raises(SourceGapError):
-        commit_cursors(ledger, att, 3, {T: {0: 4}}, {T: {0: 9}}, TaskCounts())
+        commit_cursors(ledger, att, 3, {T: {0: 4}}, {T: {0: 9}}, TaskResult())
 
 
 def test_ranges_span_an_undrained_lease_and_the_next_one(ledger) -> None:
     blue, blue_attempt = started(ledger, {0: 0})
-    commit_cursors(ledger, blue_attempt, 0, None, {T: {0: 3}}, TaskCounts())
+    commit_cursors(ledger, blue_attempt, 0, None, {T: {0: 3}}, TaskResult())
     with ledger.tx() as conn:
         ledger.close_lease(conn, ledger.leases(blue.id, conn)[0], 6)
         ledger.set_instance(blue.id, conn, state=InstanceState.FAILED)  # blue died mid-upgrade
@@ -73,7 +73,7 @@ def test_ranges_span_an_undrained_lease_and_the_next_one(ledger) -> None:
         ledger.open_lease(conn, green, T, 0, 6)
     att = ledger.start_attempt(green.id, ledger.issue_launch_token(green.id))
     assert prepare_batch(ledger, att, None, {T: {0: 9}}) == {(T, 0): (3, 9)}
-    commit_cursors(ledger, att, 0, None, {T: {0: 9}}, TaskCounts())
+    commit_cursors(ledger, att, 0, None, {T: {0: 9}}, TaskResult())
     report = audit_ledger(ledger, "p", T, lambda: ({0: 0}, {0: 9}))
     assert report.ok and report.partitions[0].applied_once == 9, report.to_json()
 
@@ -107,7 +107,7 @@ def test_a_task_returns_one_row_of_counts_and_reports_a_fence_as_data() -> None:
     ]
     fenced = list(partition_writer(ListSink(fenced=True), ctx)(iter([batch])))[0].to_pylist()
     total, why = sum_results([*out[0].to_pylist(), *fenced])
-    assert total == TaskCounts(4, 2, 2, 0) and why == ["epoch 3 is current"]
+    assert total == TaskResult(4, 2, 2, 0) and why == ["epoch 3 is current"]
     empty = list(partition_writer(ListSink(fenced=True), ctx)(iter([])))[0].to_pylist()
     assert empty[0]["fenced"] == ""  # an empty partition opens no sink transaction
-    assert counts_from(5) == TaskCounts(5, 5) and counts_from(None) == TaskCounts()
+    assert counts_from(5) == TaskResult(5, 5) and counts_from(None) == TaskResult()
