@@ -11,6 +11,7 @@ from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_args, driver_environment, spark_client, submission_environment
+from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 from relay.spark_rest import driver_properties
 from relay_dev.airflow_local import airflow_env
@@ -58,6 +59,24 @@ def caught_up(cfg: RelayConfig, ledger: Ledger) -> bool:
         if not lease.drained:
             cursors[lease.partition] = min(cursors.get(lease.partition, lease.next_offset), lease.next_offset)
     return bool(latest) and all(cursors.get(p, -1) >= o for p, o in latest.items())
+
+
+def python_driver_pid(ledger: Ledger, instance_id: int) -> tuple[int, int]:
+    """(attempt id, pid) of the newest RUNNING attempt: the Python driver process under the worker."""
+    running = [a for a in ledger.attempts(instance_id) if a.state is AttemptState.RUNNING]
+    assert running, "no running attempt"
+    return running[-1].id, running[-1].pid
+
+
+def wait_relaunched(ledger: Ledger, instance_id: int, after_attempt: int, timeout: float) -> None:
+    """Until the master relaunched the killed driver: an attempt newer than ``after_attempt`` runs."""
+    wait_for(
+        "the master to relaunch the driver",
+        lambda: any(
+            x.id > after_attempt and x.state is AttemptState.RUNNING for x in ledger.attempts(instance_id)
+        ),
+        timeout=timeout,
+    )
 
 
 RUNNER = """

@@ -22,16 +22,9 @@ from relay.producer import produce
 from relay.spark_rest import DriverState
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up
+from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
 
 pytestmark = pytest.mark.integration
-
-
-def python_driver_pid(ledger: Ledger, instance_id: int) -> tuple[int, int]:
-    """(attempt id, pid) of the newest RUNNING attempt: the Python driver process under the worker."""
-    running = [a for a in ledger.attempts(instance_id) if a.state is AttemptState.RUNNING]
-    assert running, "no running attempt"
-    return running[-1].id, running[-1].pid
 
 
 def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config: RelayConfig) -> None:
@@ -61,13 +54,7 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
                 timeout=120,
             )
             os.kill(pid, signal.SIGKILL)
-            wait_for(
-                "the master to relaunch the driver",
-                lambda a=attempt_id: any(
-                    x.id > a and x.state is AttemptState.RUNNING for x in ledger.attempts(inst_id)
-                ),
-                timeout=180,
-            )
+            wait_relaunched(ledger, inst_id, attempt_id, timeout=180)
     finally:
         producer.join()
     wait_for("the job to catch up", lambda: caught_up(cfg, ledger), timeout=300, interval=1)

@@ -33,7 +33,7 @@ from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up
+from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -190,20 +190,13 @@ def _scenario(cfg: RelayConfig, root: Path, tmp_path: Path, monkeypatch: pytest.
     (control / "hold-after-write").touch()
     producer.start()
     try:
-        running = [a for a in ledger.attempts(inst_id) if a.state is AttemptState.RUNNING]
-        attempt_id, pid = running[-1].id, running[-1].pid
+        attempt_id, pid = python_driver_pid(ledger, inst_id)
         wait_for("a batch written, not committed", lambda: (control / "written").exists(), timeout=180)
         written = json.loads((control / "written").read_text())
         assert (out / written["dir"] / "_SUCCESS").exists()
         os.kill(pid, signal.SIGKILL)
         (control / "hold-after-write").unlink()
-        wait_for(
-            "the master to relaunch the driver",
-            lambda: any(
-                x.id > attempt_id and x.state is AttemptState.RUNNING for x in ledger.attempts(inst_id)
-            ),
-            timeout=240,
-        )
+        wait_relaunched(ledger, inst_id, attempt_id, timeout=240)
     finally:
         producer.join()
     wait_for("the relaunched driver to catch up", lambda: caught_up(cfg, ledger), timeout=420, interval=1)

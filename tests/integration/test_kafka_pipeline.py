@@ -23,7 +23,6 @@ from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_output
-from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
@@ -32,7 +31,7 @@ from relay.sinks import kafka_clients as kc
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up
+from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -136,8 +135,7 @@ def _scenario(cfg: RelayConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     producer.start()
     try:
-        running = [a for a in ledger.attempts(inst_id) if a.state is AttemptState.RUNNING]
-        attempt_id, pid = running[-1].id, running[-1].pid
+        attempt_id, pid = python_driver_pid(ledger, inst_id)
         batches = len(ledger.recent_batches(cfg.pipeline, 1000, inst_id))
         wait_for(
             "batches during the stream",
@@ -145,13 +143,7 @@ def _scenario(cfg: RelayConfig, monkeypatch: pytest.MonkeyPatch) -> None:
             timeout=180,
         )
         os.kill(pid, signal.SIGKILL)
-        wait_for(
-            "the master to relaunch the driver",
-            lambda: any(
-                x.id > attempt_id and x.state is AttemptState.RUNNING for x in ledger.attempts(inst_id)
-            ),
-            timeout=240,
-        )
+        wait_relaunched(ledger, inst_id, attempt_id, timeout=240)
     finally:
         producer.join()
     total += 6000 + 1

@@ -32,7 +32,7 @@ from relay.status import status_view
 from sqlalchemy.engine import make_url
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up
+from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
 
 pytestmark = pytest.mark.integration
 
@@ -135,8 +135,7 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) 
     )
     producer.start()
     try:
-        running = [a for a in ledger.attempts(inst_id) if a.state is AttemptState.RUNNING]
-        attempt_id, pid = running[-1].id, running[-1].pid
+        attempt_id, pid = python_driver_pid(ledger, inst_id)
         batches = len(ledger.recent_batches(cfg.pipeline, 1000, inst_id))
         wait_for(
             "batches during the updates",
@@ -144,13 +143,7 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) 
             timeout=120,
         )
         os.kill(pid, signal.SIGKILL)
-        wait_for(
-            "the master to relaunch the driver",
-            lambda: any(
-                x.id > attempt_id and x.state is AttemptState.RUNNING for x in ledger.attempts(inst_id)
-            ),
-            timeout=180,
-        )
+        wait_relaunched(ledger, inst_id, attempt_id, timeout=180)
     finally:
         producer.join()
     total += 25 * IDS + 1
