@@ -1,24 +1,30 @@
 """
-### relay_upgrade: blue-green upgrade to another code version, with an exact handoff
+### relay_upgrade: blue-green upgrade to another code version: warm standby, exact handoff, gates
 
 ```
-plan -> handoff -> start_green -> wait_green_first_commit -> drain_blue -> stop_blue
-     -> verify_single_instance -> audit
+plan -> start_green -> wait_green_ready -> handoff -> wait_green_caught_up -> drain_blue
+     -> stop_blue -> verify_single_instance -> audit
 ```
 
-The steps of `relay upgrade` (`relay.operations.upgrade_steps`), one task each, each moving the
-upgrade's persisted state (PREFLIGHT, GREEN_STARTING, DRAINING_BLUE, STOPPING_BLUE, DONE / ABORTED /
-FAILED):
+The steps of `relay upgrade` (`relay.operations.upgrade_steps` and `upgrade_finish`), one task each,
+each moving the upgrade's persisted state (PREFLIGHT, GREEN_WARMING, GREEN_READY, GREEN_STARTING,
+DRAINING_BLUE, STOPPING_BLUE, DONE / ABORTED / FAILED). Blue keeps processing, uncapped, until the
+handoff; records wait for one trigger of green, not for its start-up.
 
 * **plan**: preflight (exactly one ACTIVE instance, and the Spark master's `/json/` lists exactly that
   application; the artifact of `version` is built from the current code if missing) and open the
   upgrade at PREFLIGHT, **or resume the one in progress** for the same version.
-* **handoff**: the latest offsets H (or the explicit `handoff`) are read; in one ledger transaction
-  blue's leases close at H and green's open at H (green is created) -> GREEN_STARTING.
-* **start_green**: submit green's driver (fresh checkpoint at H). A failed submission ABORTS.
-* **wait_green_first_commit** (deferred: no worker held): green's first commit within
-  `grace_seconds` of the handoff -> DRAINING_BLUE. Green dying or not committing in time ABORTS:
-  green is fenced and killed, blue gets its leases back and never stopped.
+* **start_green**: green is created as a **warm standby** (no leases: its source plans nothing) and
+  submitted -> GREEN_WARMING. A failed submission ABORTS.
+* **wait_green_ready** (deferred: no worker held): green reports READY (session, source and Python
+  workers up, query running) within `grace_seconds` of its submission -> GREEN_READY. Green dying
+  or not READY in time ABORTS with the driver's own error: green is fenced and killed; blue never
+  noticed.
+* **handoff**: only now the latest offsets H (or the explicit `handoff`) are read; in one ledger
+  transaction blue's leases close at H and green's open at H -> GREEN_STARTING.
+* **wait_green_caught_up** (deferred): the cutover gate: green commits past H and its lag is at most
+  `max_lag` records within `catchup_seconds` -> DRAINING_BLUE. Failing the gate ABORTS: green is
+  fenced, blue takes its leases back (continuing after whatever green applied) and never stopped.
 * **drain_blue** (deferred): blue applies `[cursor, H)`; not within `drain_timeout_seconds` -> FAILED
   (green keeps running). Then STOPPING_BLUE.
 * **stop_blue** (deferred): blue stops between batches, or is fenced and killed after 120 s.
@@ -27,7 +33,9 @@ FAILED):
   `relay://<pipeline>` with extra `{"version", "instance": green, "operation": "upgrade"}`.
 
 No record is applied twice and none is skipped. An upgrade that ends ABORTED or FAILED fails the task
-that saw it and the rest of the run; `relay status` shows the last upgrades and their figures.
+that saw it and the rest of the run; `relay status` shows the last upgrades and their figures (time
+to READY, to the first commit, to the gate, blue's drain). A rollback is this DAG with `version` set
+to the previous version.
 
 **Clearing:** every task may be cleared and rerun, alone or with its downstream tasks: each acts
 only in its own state and moves on when the state has (the upgrade this run opened is found by the
@@ -36,7 +44,8 @@ version; two upgrades never run at once.
 
 **Params** (validated when triggered; a bad value is refused): `version` (the target version, a label
 as `relay.inputs.validate_version` defines it), `handoff` (`latest` or JSON `{"<topic>": {"0": 42}}`),
-`grace_seconds`, `drain_timeout_seconds`.
+`grace_seconds` (green READY), `catchup_seconds` and `max_lag` (the cutover gate; `max_lag` empty =
+one batch, maxOffsetsPerTrigger), `drain_timeout_seconds`.
 
 **Retries: 1.** Safe: a retry reruns the step, which resumes the persisted upgrade where it stopped.
 
@@ -79,7 +88,20 @@ with relay_dag(
             type="integer",
             minimum=30,
             maximum=3600,
-            description="how long green may take to commit its first batch",
+            description="how long green may take to report READY (warm standby)",
+        ),
+        "catchup_seconds": Param(
+            120,
+            type="integer",
+            minimum=10,
+            maximum=3600,
+            description="after the handoff: how long green may take to commit and get its lag within max_lag",
+        ),
+        "max_lag": Param(
+            None,
+            type=["null", "integer"],
+            minimum=0,
+            description="the cutover gate's lag bound in records (empty: one batch, maxOffsetsPerTrigger)",
         ),
         "drain_timeout_seconds": Param(
             600,
@@ -92,12 +114,18 @@ with relay_dag(
 ) as dag:
     short = timedelta(minutes=10)
     plan = task(task_id="plan", execution_timeout=short)(steps.plan)()
-    handoff = task(task_id="handoff", execution_timeout=short)(steps.handoff)()
     start_green = task(task_id="start_green", execution_timeout=short)(steps.start_green)()
-    wait_green = LedgerWaitOperator(
-        task_id="wait_green_first_commit",
-        prepare=steps.wait_green_prepare,
-        complete=steps.wait_green_complete,
+    wait_ready = LedgerWaitOperator(
+        task_id="wait_green_ready",
+        prepare=steps.wait_ready_prepare,
+        complete=steps.wait_ready_complete,
+        execution_timeout=timedelta(hours=1, minutes=15),
+    )
+    handoff = task(task_id="handoff", execution_timeout=short)(steps.handoff)()
+    wait_caught_up = LedgerWaitOperator(
+        task_id="wait_green_caught_up",
+        prepare=steps.wait_caught_up_prepare,
+        complete=steps.wait_caught_up_complete,
         execution_timeout=timedelta(hours=1, minutes=15),
     )
     drain_blue = LedgerWaitOperator(
@@ -119,4 +147,14 @@ with relay_dag(
         execution_timeout=short,
     )
     audit = task(task_id="audit", execution_timeout=timedelta(minutes=30), outlets=[PIPELINES])(steps.audit)()
-    plan >> handoff >> start_green >> wait_green >> drain_blue >> stop_blue >> verify >> audit
+    (
+        plan
+        >> start_green
+        >> wait_ready
+        >> handoff
+        >> wait_caught_up
+        >> drain_blue
+        >> stop_blue
+        >> verify
+        >> audit
+    )

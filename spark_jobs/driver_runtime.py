@@ -26,9 +26,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from driver_checks import (
+    CRASH_LOOP_ATTEMPTS,
+    CRASH_LOOP_WINDOW_S,
+    check_data_loss,
+    crash_loop,
+    starting_offsets,
+)
 from relay.checkpoint import planned_offsets
 from relay.errors import ConfigError, DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
-from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, InstanceState, Offsets
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
@@ -39,8 +45,6 @@ EXIT_OK = 0
 EXIT_RETRY = 1  # transient: let the master relaunch
 LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # the URL may hold a password: never on the command line
 _DRIVER_DIR = re.compile(r"^driver-\d+-\d+$")
-CRASH_LOOP_ATTEMPTS = 5
-CRASH_LOOP_WINDOW_S = 300.0
 
 __all__ = ["EXIT_OK", "EXIT_RETRY", "LAUNCH_TOKEN_ENV", "LEDGER_URL_ENV", "DriverRuntime", "run_main"]
 
@@ -100,46 +104,6 @@ def no_retry_exit(args: argparse.Namespace | None, local_code: int) -> int:
     return EXIT_OK if (args is None or args.supervised) else local_code
 
 
-def crash_loop(ledger: Ledger, instance_id: int) -> bool:
-    """Too many attempts in a short window that committed nothing: stop relaunching and say so.
-
-    Attempts that made progress are not a loop: a driver killed now and then (a lost worker, an
-    operator) must keep coming back however often it happens.
-    """
-    since = time.time() - CRASH_LOOP_WINDOW_S
-    productive = ledger.productive_attempts(instance_id)
-    recent = [a for a in ledger.attempts(instance_id) if a.started_at > since]
-    stuck = 0
-    for attempt in reversed(recent):  # the latest run of attempts without a committed batch
-        if attempt.id in productive:
-            break
-        stuck += 1
-    return stuck >= CRASH_LOOP_ATTEMPTS
-
-
-def check_data_loss(ledger: Ledger, instance_id: int, bootstrap: str) -> None:
-    """Fail fast (before Spark plans anything) when a cursor points below the earliest offset."""
-    leases = [lease for lease in ledger.leases(instance_id) if not lease.drained]
-    with KafkaOffsets(bootstrap) as kafka:
-        earliest_by_topic = {t: kafka.earliest(t) for t in {lease.topic for lease in leases}}
-    for lease in leases:
-        earliest = earliest_by_topic[lease.topic].get(lease.partition, 0)
-        if lease.next_offset < earliest:
-            raise DataLossError(lease.topic, lease.partition, lease.next_offset, earliest)
-
-
-def starting_offsets(ledger: Ledger, instance_id: int) -> dict[str, dict[str, int]]:
-    """Per partition, the lowest cursor of the instance's undrained leases (Spark's JSON form)."""
-    out: dict[str, dict[str, int]] = {}
-    for lease in ledger.leases(instance_id):
-        if lease.drained:
-            continue
-        part = out.setdefault(lease.topic, {})
-        key = str(lease.partition)
-        part[key] = min(part.get(key, lease.next_offset), lease.next_offset)
-    return out
-
-
 def build_session(args: argparse.Namespace, app_name: str) -> Any:
     if args.local:
         from local_session import local_session
@@ -175,6 +139,12 @@ class DriverRuntime:
     ) -> None:
         """Apply and commit one micro-batch (raise ZombieAttemptError when this attempt is superseded)."""
         raise NotImplementedError
+
+    def warm_up(self, spark: Any) -> None:
+        """A warm standby starts the executors' Python workers before it reports READY, so its first
+        batch after the handoff does not wait for them (worker reuse keeps them)."""
+        n = max(int(spark.sparkContext.defaultParallelism), 1)
+        spark.range(0, n, 1, n).mapInArrow(lambda batches: batches, "id long").count()
 
     def read_limits(self) -> tuple[int, float]:
         """(maxOffsetsPerTrigger, trigger seconds) of the query."""
@@ -248,6 +218,8 @@ class DriverRuntime:
         spark = build_session(args, inst.app_name)
         ledger.set_attempt_app(self.attempt.id, spark.sparkContext.applicationId)
         self.before_query(spark)
+        if self.instance.state.standby:
+            self.warm_up(spark)
         query = self._start_query(spark)
         return self._supervise(query)
 
@@ -302,13 +274,20 @@ class DriverRuntime:
             spark.readStream.format("relaykafka")
             .option("kafka.bootstrap.servers", args.bootstrap)
             .option("subscribe", args.topic)
-            .option("startingOffsets", json.dumps(starting_offsets(self.ledger, inst.id)))
+            .option("startingOffsets", self._starting_offsets())
             .option("maxOffsetsPerTrigger", str(self.read_limits()[0]))
             .option("failOnDataLoss", "true")
             .option("relay.ledgerUrlEnv", LEDGER_URL_ENV)  # the name of the variable, not the URL
             .option("relay.instanceId", str(inst.id))
             .load()
         )
+
+    def _starting_offsets(self) -> str:
+        """Where a fresh checkpoint starts: the leases' cursors; for a standby (no lease yet) earliest,
+        which reads nothing: its source holds, and after the handoff it starts at its lease floor."""
+        if self.ledger.instance(self.instance.id).state.standby:
+            return "earliest"
+        return json.dumps(starting_offsets(self.ledger, self.instance.id))
 
     def _start_query(self, spark: Any) -> Any:
         inst = self.instance
@@ -324,6 +303,8 @@ class DriverRuntime:
     def _batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch: the batch's planned range from the checkpoint (``offsets/N``, N-1 for its start)."""
         started = time.time()
+        if self.ledger.instance(self.instance.id).state.standby:
+            return  # a standby's source holds, so this batch is empty: nothing to apply or record
         ckpt = self.instance.checkpoint_dir
         end = planned_offsets(ckpt, batch_id)
         if end is None:
@@ -346,11 +327,11 @@ class DriverRuntime:
                     f"instance {inst.id} is at epoch {current.current_epoch}, {current.state.value}"
                 )
             ledger.heartbeat(attempt.id)
-            if (
-                current.state is InstanceState.STARTING
-                and query.status.get("message") == "Waiting for data to arrive"
-            ):
-                ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
+            if query.status.get("message") == "Waiting for data to arrive":
+                if current.state is InstanceState.STARTING:
+                    ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
+                elif current.state is InstanceState.STANDBY:  # warm: query up, first trigger done
+                    ledger.mark_ready(inst.id)
             if current.stop_requested or self.stop_signal:
                 return self._graceful_stop(query)
         if self.zombie is not None:

@@ -134,12 +134,16 @@ def plan_batch_end(
     fail_on_data_loss: bool,
     caps: Caps | None = None,
     max_rows: int | None = None,
+    floors: Caps | None = None,
 ) -> PartitionOffsets:
     """End offsets of the next batch: broker ends, new partitions, data loss, caps, then the limit.
 
     ``begin`` is where the batch starts (Spark's ``start``), ``earliest``/``latest`` the broker's
     offsets now. Raises :class:`DataLossError` when ``begin`` points at deleted records and
     ``fail_on_data_loss`` is set, so a restart after retention took data fails before any batch runs.
+    ``floors`` (the instance's lowest lease start per partition) moves the read start up to where the
+    instance's records begin: a warm standby's query sits far below its handoff offset H, and neither
+    data loss nor the row limit is judged on offsets that are not its own.
     """
     effective_start: PartitionOffsets = {}
     until: PartitionOffsets = {}
@@ -150,7 +154,7 @@ def plan_batch_end(
             log.info("%s source: new partition %s[%d] starts at offset %d", SOURCE_NAME, *tp, first)
             until[tp] = first
             continue
-        pos = begin[tp]
+        pos = max(begin[tp], (floors or {}).get(tp[0], {}).get(tp[1], begin[tp]))
         if pos < first:
             if fail_on_data_loss:
                 raise DataLossError(tp[0], tp[1], pos, first)

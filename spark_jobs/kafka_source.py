@@ -222,8 +222,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         before any batch runs.
         """
         guard = self._read_guard()
-        if guard is not None and guard.stop_requested:
-            return start  # no new batch: the query can stop between batches
+        if guard is not None and (guard.stop_requested or guard.hold):
+            return start  # no new batch: the query can stop between batches, a standby stays idle
         earliest, latest = self._offsets(self._topic_partitions())
         if self._available_now_end is not None:
             latest = {tp: min(end, self._available_now_end.get(tp, end)) for tp, end in latest.items()}
@@ -234,6 +234,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fail_on_data_loss=self.settings.fail_on_data_loss,
             caps=guard.caps if guard is not None else None,
             max_rows=batch_row_limit(limit, self.settings.max_offsets_per_trigger),
+            floors=guard.floors if guard is not None else None,
         )
         # Under failOnDataLoss=false the batch's start stays below earliest in Spark's offsets;
         # read() skips forward to earliest itself. Returning `start` itself when nothing moved keeps
@@ -259,11 +260,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """One task per Kafka partition with something to read; a new partition is absent from
         ``start`` and sits at its first offset in ``end``, so it yields no task yet."""
         begin = from_offset_json(start)
-        return [
-            KafkaInputPartition(topic, partition, begin[(topic, partition)], stop)
-            for (topic, partition), stop in sorted(from_offset_json(end).items())
-            if (topic, partition) in begin and begin[(topic, partition)] < stop
-        ]
+        guard = self._read_guard()
+        floors = guard.floors if guard is not None else {}
+        tasks = []
+        for (topic, partition), stop in sorted(from_offset_json(end).items()):
+            if (topic, partition) not in begin:
+                continue
+            first = max(begin[(topic, partition)], floors.get(topic, {}).get(partition, 0))
+            if first < stop:  # below its lease floor nothing is the instance's: never read it
+                tasks.append(KafkaInputPartition(topic, partition, first, stop))
+        return tasks
 
     def commit(self, end: OffsetJson) -> None:
         """Nothing to do: positions live in Spark's checkpoint (and Relay's ledger), not in Kafka."""

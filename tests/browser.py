@@ -199,8 +199,18 @@ def airflow_login(driver: WebDriver, start_url: str, password: str, arrived: Cal
     wait_until(driver, "the UI after login", arrived)
 
 
+def set_viewport(driver: WebDriver, width: int, height: int) -> None:
+    """Make the page's viewport exactly ``width`` x ``height`` CSS pixels at scale 1 (what a screenshot
+    holds): headless Chromium's ``--window-size`` counts its window frame, so the page gets less."""
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
 def screenshot(driver: WebDriver, out: Path, name: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
     driver.save_screenshot(str(path))
-    print(f"screenshot: {path}")
+    print(f"screenshot: {path} ({path.stat().st_size // 1024} KiB)")
     return path

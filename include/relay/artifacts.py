@@ -5,22 +5,37 @@ the library and the Spark source (shipped with the submission as a py-file). Bui
 freezes the code as it is now; the driver checks that the artifact it runs is the version the
 ledger gave its instance. Built from a user's pipeline package (``pipeline_code``), the zip also
 carries that package, the driver is ``pipeline_driver.py`` and ``artifact.json`` records the
-pipeline (name, topics, module, the environment its sink needs) and the hash of its code.
+pipeline (name, topics, module, the environment its sink needs, what its sink declares) and the
+hash of its code.
+
+Every artifact also records ``code_hash`` (sha256 of what it froze, its own name left out: two
+versions of the same code hash the same, so a plan can say whether an upgrade changes any code) and
+``stateful``: False, since both drivers run source -> ``foreachBatch`` and apply the transform to
+each micro-batch alone: a checkpoint holds offsets, never operator state green would lose.
+Which versions are kept is ``relay.operations.rollback``'s.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
 import json
+import os
 import shutil
+import textwrap
 import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import ConfigError
 from relay.inputs import validate_version  # noqa: F401 - the one rule, also used by the DAG params
+
+if TYPE_CHECKING:
+    from relay.pipeline import Pipeline
 
 VERSION_MODULE = "relay_job_version.py"
 # Imported first by a version built with ``import_error=True``; no artifact ever ships this module.
@@ -31,6 +46,7 @@ FUTURE_IMPORT = "from __future__ import annotations\n"
 DRIVER_INTERFACE = 2
 REFERENCE_DRIVER = "reference_job.py"
 PIPELINE_DRIVER = "pipeline_driver.py"
+DRIVER_MEMBER = "<driver>/"  # the driver script's name in the code hash (it lives beside the zip)
 
 
 @dataclass(frozen=True)
@@ -58,12 +74,31 @@ class Artifact:
     def zip_file(self) -> Path:
         return self.folder / "relay_job.zip"
 
+    @property
+    def built_at(self) -> float:
+        """When it was built (the folder's time for an artifact without ``artifact.json``)."""
+        try:
+            return float(self.metadata().get("built_at") or self.folder.stat().st_mtime)
+        except (OSError, TypeError, ValueError):
+            return 0.0
+
+    def code_hash(self) -> str | None:
+        """What ``artifact.json`` recorded, else computed from the zip (None: not built)."""
+        recorded = self.metadata().get("code_hash")
+        if recorded:
+            return str(recorded)
+        return zip_code_hash(self.zip_file, self.job_file) if self.exists() else None
+
     def exists(self) -> bool:
         return self.job_file.is_file() and self.zip_file.is_file()
 
 
+def artifacts_dir(config: RelayConfig) -> Path:
+    return config.data_dir / "artifacts"
+
+
 def artifact(config: RelayConfig, version: str) -> Artifact:
-    return Artifact(validate_version(version), config.data_dir / "artifacts" / version)
+    return Artifact(validate_version(version), artifacts_dir(config) / version)
 
 
 def build_artifact(
@@ -88,7 +123,7 @@ def build_artifact(
     if art.exists() and not force:
         return art
     code = pipeline_code or config.pipeline_code
-    pipeline = _pipeline_meta(Path(code)) if code is not None else None
+    pipeline = pipeline_meta(Path(code)) if code is not None else None
     driver = PIPELINE_DRIVER if pipeline else REFERENCE_DRIVER
     tmp = art.folder.with_name(f".{version}.building-{time.time_ns()}")
     tmp.mkdir(parents=True)
@@ -96,21 +131,10 @@ def build_artifact(
     if import_error:
         _break_imports(tmp / driver)
     with zipfile.ZipFile(tmp / "relay_job.zip", "w", zipfile.ZIP_DEFLATED) as zf:
-        for src_root, prefix in (
-            (PROJECT_ROOT / "include" / "relay", "relay"),
-            (PROJECT_ROOT / "spark_jobs", ""),
-        ):
-            for path in sorted(src_root.rglob("*.py")):
-                if "__pycache__" in path.parts or path.name in (REFERENCE_DRIVER, PIPELINE_DRIVER):
-                    continue
-                zf.write(path, str(Path(prefix) / path.relative_to(src_root)))
-        version_module = f"VERSION = {version!r}\nFAIL_AT_START = {fail_at_start!r}\n"
-        if pipeline:
-            package = Path(code).resolve()
-            for path in _package_files(package):
-                zf.write(path, str(Path(package.name) / path.relative_to(package)))
-            version_module += f"PIPELINE_MODULE = {pipeline['module']!r}\n"
-        zf.writestr(VERSION_MODULE, version_module)
+        for name, path in _members(Path(code).resolve() if pipeline else None):
+            zf.write(path, name)
+        module = pipeline["module"] if pipeline else None
+        zf.writestr(VERSION_MODULE, f"VERSION = {version!r}\n" + _version_settings(fail_at_start, module))
     (tmp / "artifact.json").write_text(
         json.dumps(
             {
@@ -120,6 +144,8 @@ def build_artifact(
                 "import_error": import_error,
                 "driver_interface": DRIVER_INTERFACE,
                 "driver": driver,
+                "code_hash": zip_code_hash(tmp / "relay_job.zip", tmp / driver),
+                "stateful": False,  # see the module's docstring
                 "pipeline": pipeline,
             }
         )
@@ -128,6 +154,58 @@ def build_artifact(
         shutil.rmtree(art.folder)
     tmp.rename(art.folder)
     return art
+
+
+def _members(package: Path | None) -> list[tuple[str, Path]]:
+    """The zip's members (name, file): the runtime (never its drivers) and the pipeline package."""
+    members = []
+    for src_root, prefix in (
+        (PROJECT_ROOT / "include" / "relay", "relay"),
+        (PROJECT_ROOT / "spark_jobs", ""),
+    ):
+        for path in sorted(src_root.rglob("*.py")):
+            if "__pycache__" in path.parts or path.name in (REFERENCE_DRIVER, PIPELINE_DRIVER):
+                continue
+            members.append((str(Path(prefix) / path.relative_to(src_root)), path))
+    if package is not None:
+        members += [(str(Path(package.name) / p.relative_to(package)), p) for p in _package_files(package)]
+    return members
+
+
+def _version_settings(fail_at_start: bool, pipeline_module: str | None) -> str:
+    """The version module after its first line (``VERSION = ...``): what else the driver is told."""
+    settings = f"FAIL_AT_START = {fail_at_start!r}\n"
+    return settings + (f"PIPELINE_MODULE = {pipeline_module!r}\n" if pipeline_module else "")
+
+
+def _code_hash(members: list[tuple[str, bytes]], driver: Path) -> str:
+    """sha256 over the zip's members and the driver script; the version module's first line (the
+    version's name) is left out: a name is not code, so two versions of the same code hash the same."""
+    digest = hashlib.sha256()
+    named = [(n, d.partition(b"\n")[2] if n == VERSION_MODULE else d) for n, d in members]
+    for name, data in sorted([*named, (DRIVER_MEMBER + driver.name, driver.read_bytes())]):
+        digest.update(name.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
+
+
+def zip_code_hash(zip_file: Path, driver: Path) -> str:
+    """The ``code_hash`` of a built version (its zip and its driver script)."""
+    with zipfile.ZipFile(zip_file) as zf:
+        return _code_hash([(n, zf.read(n)) for n in zf.namelist()], driver)
+
+
+def current_code_hash(config: RelayConfig, pipeline_code: Path | None = None) -> str:
+    """The ``code_hash`` a build from the code as it is now would record (nothing is built)."""
+    from relay.pipeline import module_path
+
+    code = pipeline_code or config.pipeline_code
+    package = Path(code).resolve() if code is not None else None
+    version_module = "VERSION = ''\n" + _version_settings(
+        False, module_path(package.name) if package else None
+    )
+    members = [(name, path.read_bytes()) for name, path in _members(package)]
+    driver = PROJECT_ROOT / "spark_jobs" / (PIPELINE_DRIVER if package else REFERENCE_DRIVER)
+    return _code_hash([*members, (VERSION_MODULE, version_module.encode())], driver)
 
 
 def require_env_interface(art: Artifact) -> None:
@@ -166,41 +244,144 @@ def code_hash(package: Path) -> str:
     return digest.hexdigest()
 
 
-def _pipeline_meta(package: Path) -> dict:
+def pipeline_meta(package: Path) -> dict:
     """Load the user's package (checks the contract) and describe it for ``artifact.json``."""
     from relay.pipeline import load_package, module_path
 
     name, pipeline = load_package(package)
+    declares = sink_declares(pipeline)
     return {
         "name": pipeline.name,
         "topics": list(pipeline.topics),
         "package": name,
         "module": module_path(name),
-        "sink": type(pipeline.sink).__name__,
+        "sink": declares["type"] or type(pipeline.sink).__name__,
+        "sink_declares": declares,
         "secret_env": list(pipeline.secret_env),
         "code_hash": code_hash(package.resolve()),
         "source": str(package.resolve()),
     }
 
 
-def check_deployable(config: RelayConfig, art: Artifact) -> dict[str, str]:
-    """A user pipeline's artifact must match the configured pipeline and topic; returns the values of
-    the environment variables its sink needs (from this process's environment, never logged)."""
-    import os
-
-    meta = art.pipeline
+def deploy_problems(config: RelayConfig, version: str, meta: dict | None) -> list[str]:
+    """Why a user pipeline's version can't run under this configuration and environment ([]: it can)."""
     if not meta:
-        return {}
+        return []
+    problems = []
     if meta["name"] != config.pipeline or meta["topics"] != [config.topic]:
-        raise ConfigError(
-            f"version {art.version} is pipeline {meta['name']} on topic(s) {meta['topics']}, but Relay is "
+        problems.append(
+            f"version {version} is pipeline {meta['name']} on topic(s) {meta['topics']}, but Relay is "
             f"configured for pipeline {config.pipeline} on topic {config.topic}: set RELAY_PIPELINE and "
             "RELAY_TOPIC to the pipeline's"
         )
     missing = [name for name in meta["secret_env"] if not os.environ.get(name)]
     if missing:
-        raise ConfigError(
+        problems.append(
             f"pipeline {meta['name']} needs the environment variable(s) {', '.join(missing)} "
             "(its sink's settings): set them where relay deploy (or Airflow) runs"
         )
-    return {name: os.environ[name] for name in meta["secret_env"]}
+    return problems
+
+
+def check_deployable(config: RelayConfig, art: Artifact) -> dict[str, str]:
+    """A user pipeline's artifact must match the configured pipeline and topic; returns the values of
+    the environment variables its sink needs (from this process's environment, never logged)."""
+    meta = art.pipeline
+    problems = deploy_problems(config, art.version, meta)
+    if problems:
+        raise ConfigError(problems[0])
+    return {name: os.environ[name] for name in meta["secret_env"]} if meta else {}
+
+
+# --------------------------------------------------------------------- what the sink declares
+SINK_ARGUMENTS = ("table", "schema", "topic", "key", "key_column")
+_UNKNOWN = object()
+
+
+def sink_declares(pipeline: Pipeline) -> dict[str, Any]:
+    """The sink's type, target (table or topic) and key columns, for comparing two versions.
+
+    A sink factory is never called here: it reads its settings (a database URL) from the driver's
+    environment. Its source is read instead: the one sink class it constructs gives the type, and
+    arguments count only when they are literals or module constants (otherwise None: unknown).
+    ``key`` [] means records carry no key (a Kafka sink without ``key_column``).
+    """
+    from relay.pipeline import ForEachBatch, _is_sink
+
+    sink = pipeline.sink
+    if isinstance(sink, ForEachBatch) or _is_sink(sink):
+        values = {a: getattr(sink, a) for a in SINK_ARGUMENTS if hasattr(sink, a)}
+        return _declared(type(sink).__name__, values, "instance")
+    unknown = {"type": None, "target": None, "key": None, "read_from": "unknown (a sink factory)"}
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(sink)))
+    except (OSError, TypeError, SyntaxError):
+        return unknown
+    scope = getattr(sink, "__globals__", {})
+    calls = [
+        (cls, node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(cls := _resolve(node.func, scope), type)
+        and (cls is ForEachBatch or all(callable(getattr(cls, m, None)) for m in ("prepare", "write_task")))
+    ]
+    if len({cls for cls, _ in calls}) != 1:
+        return unknown  # none, or several sink classes: which one is built is decided at run time
+    found = [_call_values(cls, node, scope) for cls, node in calls]
+    if any(f != found[0] for f in found):
+        found = [None]
+    return _declared(calls[0][0].__name__, found[0] or {}, "the factory's source")
+
+
+def _declared(kind: str, values: dict[str, Any], read_from: str) -> dict[str, Any]:
+    def text(name: str) -> str | None:
+        return values[name] if isinstance(values.get(name), str) else None
+
+    key: list[str] | None = None
+    if isinstance(values.get("key"), list | tuple) and all(isinstance(k, str) for k in values["key"]):
+        key = list(values["key"])
+    elif "key_column" in values and (values["key_column"] is None or text("key_column")):
+        key = [values["key_column"]] if values["key_column"] else []
+    table, schema = text("table"), text("schema")
+    target = f"{schema}.{table}" if table and schema else table or text("topic")
+    return {"type": kind, "target": target, "key": key, "read_from": read_from}
+
+
+def _resolve(node: ast.expr, scope: dict) -> Any:
+    """``Name`` or ``module.Name`` to the object it names in the factory's module (else None)."""
+    if isinstance(node, ast.Name):
+        return scope.get(node.id)
+    if isinstance(node, ast.Attribute):
+        owner = _resolve(node.value, scope)
+        return getattr(owner, node.attr, None) if owner is not None else None
+    return None
+
+
+def _call_values(cls: type, call: ast.Call, scope: dict) -> dict[str, Any] | None:
+    """The sink arguments of a constructor call that are literals or module constants (None: the
+    call can't be read, e.g. ``*args``)."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    try:
+        params = inspect.signature(cls).parameters
+        keywords = {str(k.arg): k.value for k in call.keywords}
+        bound = inspect.signature(cls).bind_partial(*call.args, **keywords)
+    except (TypeError, ValueError):
+        return None
+    values: dict[str, Any] = {}
+    for name in SINK_ARGUMENTS:
+        if name in bound.arguments:
+            values[name] = _literal(bound.arguments[name], scope)
+        elif name in params and params[name].default is not inspect.Parameter.empty:
+            values[name] = params[name].default
+    return {k: v for k, v in values.items() if v is not _UNKNOWN}
+
+
+def _literal(node: ast.expr, scope: dict) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError):
+        pass
+    if isinstance(node, ast.Name) and isinstance(scope.get(node.id), str | list | tuple):
+        return scope[node.id]
+    return _UNKNOWN

@@ -97,26 +97,61 @@ def cmd_checkpoint(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 def cmd_build(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """Build, then prune old versions (never a running one, nor the rollback target)."""
     from relay.artifacts import build_artifact
+    from relay.ledger.store import Ledger
+    from relay.operations.rollback import prune_versions
 
     art = build_artifact(
         cfg, a.version, fail_at_start=a.fail_at_start, force=a.force, pipeline_code=a.pipeline_code
     )
-    return {"version": art.version, "folder": str(art.folder), "pipeline": art.pipeline}
+    pruned = prune_versions(cfg, Ledger(cfg.ledger_url))
+    if pruned.get("skipped"):
+        _say(f"versions not pruned: {pruned['skipped']}")
+    return {
+        "version": art.version,
+        "folder": str(art.folder),
+        "code_hash": art.code_hash(),
+        "pipeline": art.pipeline,
+        "pruned": pruned["removed"],
+    }
+
+
+def _gates(a: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "handoff": a.handoff,
+        "grace_s": a.grace,
+        "drain_timeout_s": a.drain_timeout,
+        "catchup_s": a.catchup_timeout,
+        "max_lag": a.max_lag,
+        "local": a.local,
+    }
 
 
 def cmd_upgrade(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """``--plan``: what the upgrade would do, changing nothing; else the upgrade itself."""
+    if a.plan:
+        from relay.operations.upgrade_plan import plan_upgrade
+
+        return plan_upgrade(cfg, a.version, **_gates(a))
     from relay.operations.upgrade import upgrade
 
-    return upgrade(
-        cfg,
-        a.version,
-        handoff=a.handoff,
-        grace_s=a.grace,
-        drain_timeout_s=a.drain_timeout,
-        local=a.local,
-        progress=_say,
-    )
+    return upgrade(cfg, a.version, progress=_say, **_gates(a))
+
+
+def cmd_rollback(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    from relay.operations.rollback import plan_rollback, rollback
+
+    if a.plan:
+        return plan_rollback(cfg, a.to, **_gates(a))
+    return rollback(cfg, a.to, progress=_say, **_gates(a))
+
+
+def cmd_versions(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    from relay.ledger.store import Ledger
+    from relay.operations.rollback import versions_view
+
+    return versions_view(cfg, Ledger(cfg.ledger_url))
 
 
 def cmd_recover(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -137,6 +172,7 @@ def cmd_recover(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 HEALTH_CRITICAL = "CRITICAL"
+PLAN_BLOCKED = 4  # exit code of a plan (upgrade or rollback --plan) that says the upgrade can't run
 
 
 def cmd_health(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -159,6 +195,8 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "checkpoint": cmd_checkpoint,
     "build": cmd_build,
     "upgrade": cmd_upgrade,
+    "rollback": cmd_rollback,
+    "versions": cmd_versions,
     "recover": cmd_recover,
     "health": cmd_health,
 }
@@ -172,6 +210,36 @@ def _add_dev_commands(sub: argparse._SubParsersAction) -> None:
     except ImportError:
         return
     COMMANDS.update(register(sub))
+
+
+def _upgrade_options(p: argparse.ArgumentParser) -> None:
+    """The plan switch and the gates, shared by upgrade and rollback."""
+    p.add_argument("--plan", action="store_true", help="say what would happen and change nothing")
+    p.add_argument(
+        "--handoff", type=handoff_arg, default="latest", help='"latest" or JSON {"topic": {"0": 42}}'
+    )
+    p.add_argument(
+        "--grace",
+        type=float_above(0),
+        default=300.0,
+        help="seconds for green to report READY (warm standby)",
+    )
+    p.add_argument(
+        "--catchup-timeout",
+        type=float_above(0),
+        default=120.0,
+        help="seconds after the handoff for green to commit and get its lag within --max-lag",
+    )
+    p.add_argument(
+        "--max-lag",
+        type=int_at_least(0),
+        default=None,
+        help="records (all partitions) green may lag at the gate (default: RELAY_MAX_OFFSETS_PER_TRIGGER)",
+    )
+    p.add_argument(
+        "--drain-timeout", type=float_above(0), default=600.0, help="seconds for blue to reach the handoff"
+    )
+    p.add_argument("--local", action="store_true")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,14 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     u = sub.add_parser("upgrade", help="blue-green upgrade to another version (resumes one in progress)")
     u.add_argument("--version", type=version_arg, required=True)
-    u.add_argument(
-        "--handoff", type=handoff_arg, default="latest", help='"latest" or JSON {"topic": {"0": 42}}'
-    )
-    u.add_argument("--grace", type=float_above(0), default=300.0, help="seconds for green's first commit")
-    u.add_argument(
-        "--drain-timeout", type=float_above(0), default=600.0, help="seconds for blue to reach the handoff"
-    )
-    u.add_argument("--local", action="store_true")
+    _upgrade_options(u)
+    rb = sub.add_parser("rollback", help="upgrade back to the version that ran before (or --to VERSION)")
+    rb.add_argument("--to", type=version_arg, help="default: the version the running one replaced")
+    _upgrade_options(rb)
+    sub.add_parser("versions", help="built versions: who runs which, the rollback target, what is kept")
     r = sub.add_parser("recover", help="plan (default: dry run) or execute an offset-reset recovery")
     r.add_argument("--strategy", choices=["earliest", "latest", "timestamp", "offsets"], default="earliest")
     r.add_argument("--time", help="for --strategy timestamp: epoch ms or ISO 8601")
@@ -268,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if args.command == "health" and result["status"] == HEALTH_CRITICAL:
         return 2  # a cron job or a CI step alerts on the exit code, as the DAG's task fails
+    if args.command in ("upgrade", "rollback") and args.plan and result["blocked"]:
+        return PLAN_BLOCKED  # `relay upgrade --plan && relay upgrade` goes on only when it can
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 WIDE = 240  # columns when stdout is not a terminal
@@ -176,6 +177,80 @@ def render_health(console: Console, report: Mapping[str, Any]) -> None:
     )
 
 
+def _contract_value(value: Any) -> str:
+    """A contract field: None is unknown (not recorded), [] is none declared."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) if value else "(none)"
+    return cell("", value)
+
+
+def render_plan(console: Console, plan: Mapping[str, Any]) -> None:
+    """An upgrade (or rollback) plan: verdict first, then what runs, what changes, H, gates, steps."""
+    cur, tgt = plan.get("current") or {}, plan.get("target") or {}
+    what = "Rollback" if plan.get("kind") == "rollback plan" else "Upgrade"
+    verdict = "[bold red]BLOCKED[/]" if plan["blocked"] else "[green]can run[/]"
+    console.print(
+        f"[bold]{what} plan[/] for {escape(plan['pipeline'])} (topic {escape(plan['topic'])}): "
+        f"{escape(str(cur.get('version', '?')))} -> {escape(plan['version'])}: {verdict}; nothing was changed"
+    )
+    for reason in plan["blocked"]:
+        console.print(f"  [red]blocked:[/] {escape(reason)}")
+    hashes = {k: (d.get("code_hash") or "unknown")[:12] for k, d in (("cur", cur), ("tgt", tgt))}
+    if cur:
+        console.print(
+            f"current: instance {cur['instance']} ({cur['state']}, {cur['color']}) runs "
+            f"{escape(cur['version'])}, code {hashes['cur']}, built {iso_time(cur.get('built_at')) or '?'}; "
+            f"{escape(cur['artifact'])}"
+        )
+    built = f"built {iso_time(tgt['built_at'])}" if tgt.get("built_at") else escape(str(tgt.get("artifact")))
+    console.print(f"target:  {escape(plan['version'])}, code {hashes['tgt']}, {built}")
+    rows = [
+        {k: (escape(_contract_value(v)) if k in ("current", "target") else v) for k, v in r.items()}
+        for r in plan.get("contract") or []
+    ]
+    for r in rows:
+        r["changed"] = {True: "CHANGES", False: "same", None: "unknown"}[r["changed"]]
+    console.print(
+        table(
+            rows, ["field", "current", "target", "changed"], "contract", lambda r: _CHANGED.get(r["changed"])
+        )
+    )
+    expected = plan["expected_handoff"]
+    shown = ", ".join(f"{p}: {o:,}" for p, o in expected.items()) if isinstance(expected, dict) else expected
+    console.print(f"handoff ({plan['handoff']}): expected H {escape(str(shown))}")
+    if plan.get("partitions"):
+        cols = ["partition", "blue_cursor", "kafka_latest", "handoff", "blue_drains"]
+        console.print(table(plan["partitions"], cols, "partitions"))
+    folders = plan.get("checkpoints") or {}
+    console.print(
+        f"checkpoints: blue {escape(str(folders.get('blue')))}; green {escape(str(folders.get('green')))}"
+    )
+    console.print(key_values(plan.get("gates") or {}, "gates"))
+    for i, step in enumerate(plan.get("steps") or [], 1):
+        console.print(f"  {i}. {escape(step)}")
+    for warning in plan.get("warnings") or []:
+        console.print(f"  [yellow]note:[/] {escape(warning)}")
+
+
+_CHANGED = {"CHANGES": "yellow", "unknown": "dim"}
+
+
+def render_versions(console: Console, view: Mapping[str, Any]) -> None:
+    console.print(
+        f"versions in {escape(view['artifacts_dir'])} (newest first; a build or an upgrade keeps the newest "
+        f"{view['keep_versions']} and every one in use)"
+    )
+    if view.get("note"):
+        console.print(f"[yellow]note:[/] {escape(view['note'])}")
+    rows = [{**r, "previous": "previous" if r["previous"] else ""} for r in view["versions"]]
+    cols = ["version", "built_at", "pipeline", "driver", "code_hash", "runs", "previous", "kept_because"]
+    console.print(table(rows, cols, None, lambda r: "green" if r.get("runs") else None))
+    if not rows:
+        console.print("No version built yet: `relay build --version v1`.")
+
+
 def render(name: str, result: Any, console: Console | None = None) -> None:
     """Print ``result`` of command ``name`` for a person."""
     if console is None:
@@ -187,6 +262,10 @@ def render(name: str, result: Any, console: Console | None = None) -> None:
         render_offsets(console, result)
     elif name == "health":
         render_health(console, result)
+    elif isinstance(result, Mapping) and result.get("kind") in ("upgrade plan", "rollback plan"):
+        render_plan(console, result)
+    elif name == "versions":
+        render_versions(console, result)
     elif name == "audit":
         from relay.audit import render as render_audit
 

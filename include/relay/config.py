@@ -14,6 +14,7 @@ from pathlib import Path
 from relay.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+MIN_KEEP_VERSIONS = 2  # the running version and the one a rollback returns to
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -67,12 +68,19 @@ class RelayConfig:
     """The key itself (base64url), when it comes from a secret store (an Airflow connection)."""
     pipeline_code: Path | None = None
     """The user's pipeline package folder ``relay build`` freezes (None: the reference job)."""
+    keep_versions: int = 5
+    """Artifacts kept after a build or an upgrade (newest first; running and rollback versions always)."""
 
     def __post_init__(self) -> None:
         if not self.ledger_url:
             object.__setattr__(self, "ledger_url", f"sqlite:///{self.data_dir / 'ledger.db'}")
         if not self.pipeline.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"pipeline name must be letters, digits, '-' or '_', got {self.pipeline!r}")
+        if self.keep_versions < MIN_KEEP_VERSIONS:
+            raise ConfigError(
+                f"keep_versions must be >= {MIN_KEEP_VERSIONS} (the running version and the one a "
+                f"rollback returns to), got {self.keep_versions}"
+            )
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -138,6 +146,7 @@ def load_config(env: Mapping[str, str] | None = None) -> RelayConfig:
         host=host,
         spark_rest_secret_file=_path(env, "RELAY_SPARK_REST_SECRET_FILE"),
         pipeline_code=_path(env, "RELAY_PIPELINE_CODE"),
+        keep_versions=_int(env, "RELAY_KEEP_VERSIONS", 5, MIN_KEEP_VERSIONS),
     )
 
 

@@ -13,10 +13,12 @@ CRASH_ENV = "RELAY_CRASH_AT"
 CRASH_EXIT = 86
 
 UPGRADE_POINTS = (
-    "upgrade.opened",  # operation persisted at PREFLIGHT, before the handoff transaction
-    "upgrade.handed_off",  # handoff committed: blue closed at H, green created, GREEN_STARTING
-    "upgrade.green_submitted",  # green's driver submitted, its first commit not awaited yet
-    "upgrade.green_committed",  # DRAINING_BLUE persisted
+    "upgrade.opened",  # operation persisted at PREFLIGHT, nothing started
+    "upgrade.green_created",  # green created as a standby (no leases), GREEN_WARMING, not submitted
+    "upgrade.green_submitted",  # green's driver submitted, READY not awaited yet
+    "upgrade.green_ready",  # GREEN_READY persisted, H not chosen yet
+    "upgrade.handed_off",  # handoff committed: blue closed at H, green leased from H, GREEN_STARTING
+    "upgrade.green_caught_up",  # the cutover gate passed: DRAINING_BLUE persisted
     "upgrade.blue_drained",  # STOPPING_BLUE persisted
     "upgrade.blue_stopped",  # blue stopped, DONE not persisted yet
 )

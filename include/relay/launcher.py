@@ -186,7 +186,8 @@ class FirstCommit:
 
 
 class FirstCommitWait:
-    """The instance committed its first batch (ACTIVE, or DRAINING once a handoff began), one round
+    """The instance committed its first batch (ACTIVE, or DRAINING once a handoff began; with
+    ``reached=WARM``, a warm standby reported READY), one round
     per ``check()``: the CLI loops over it (:func:`wait_until_active`) and Airflow's trigger polls it.
 
     A FAILED or FENCED attempt, a driver the worker relaunched without a first commit (an ImportError
@@ -195,15 +196,25 @@ class FirstCommitWait:
     gone ends the wait at once with the driver's own last output.
     """
 
-    def __init__(self, config: RelayConfig, ledger: Ledger, instance_id: int) -> None:
+    COMMITTED = (InstanceState.ACTIVE, InstanceState.DRAINING)
+    WARM = (InstanceState.READY, InstanceState.STARTING, *COMMITTED)  # a standby reported READY
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        ledger: Ledger,
+        instance_id: int,
+        reached: tuple[InstanceState, ...] = COMMITTED,
+    ) -> None:
         self.config, self.ledger, self.instance_id = config, ledger, instance_id
+        self.reached = reached
         self.started = time.time()
         self.instance: Instance | None = None  # as the last check read it
         self._watch: _StartWatch | None = None
 
     def check(self) -> dict[str, object] | None:
         inst = self.instance = self.ledger.instance(self.instance_id)
-        if inst.state in (InstanceState.ACTIVE, InstanceState.DRAINING):
+        if inst.state in self.reached:
             return {"instance_id": inst.id, "state": inst.state.value}
         if not inst.state.live:
             raise OperationError(

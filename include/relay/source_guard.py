@@ -2,12 +2,15 @@
 
 The source caps an instance's reads at the end of its leases (blue stops reading at the handoff
 offset H) and plans no new batch once a stop is requested, so a graceful stop lands between batches.
+A warm standby (an upgrade's green before the handoff) holds: its query runs but plans nothing until
+a lease exists, and then reads from the lease's start, however far behind Spark's own position is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from relay.ledger.models import Lease
 from relay.ledger.store import Ledger
 
 _ledgers: dict[str, Ledger] = {}
@@ -18,6 +21,27 @@ class SourceGuard:
     stop_requested: bool
     caps: dict[str, dict[int, int]] = field(default_factory=dict)
     """topic -> partition -> exclusive highest offset the instance may read; missing = uncapped."""
+    floors: dict[str, dict[int, int]] = field(default_factory=dict)
+    """topic -> partition -> lowest offset of the instance's leases: nothing below is its to read.
+    Lease starts never move, so a replayed batch is cut the same way."""
+    hold: bool = False
+    """A standby without leases: plan no batch (the query stays warm, reading nothing)."""
+
+
+def read_cap(leases: list[Lease]) -> int | None:
+    """The exclusive offset an instance may read up to in one partition, None = uncapped.
+
+    All leases closed: the highest end. A closed, undrained lease followed by a later lease that
+    starts past its end (an upgrade aborted after green committed gives blue ``[X, ...)`` beyond
+    its ``[cursor, H)``): its end, so no batch spans the gap before the earlier range is applied.
+    """
+    if all(lease.end_offset is not None for lease in leases):
+        return max(lease.end_offset for lease in leases if lease.end_offset is not None)
+    ordered = sorted(leases, key=lambda lease: lease.start_offset)
+    for earlier, later in zip(ordered, ordered[1:], strict=False):
+        if earlier.end_offset is not None and not earlier.drained and later.start_offset > earlier.end_offset:
+            return earlier.end_offset
+    return None
 
 
 def read_source_guard(ledger_url: str, instance_id: int) -> SourceGuard:
@@ -28,11 +52,16 @@ def read_source_guard(ledger_url: str, instance_id: int) -> SourceGuard:
         instance = ledger.instance(instance_id, conn)
         leases = ledger.leases(instance_id, conn)
     stop = instance.stop_requested or not instance.state.live
-    ends: dict[tuple[str, int], list[int | None]] = {}
+    by_tp: dict[tuple[str, int], list[Lease]] = {}
+    floors: dict[str, dict[int, int]] = {}
     for lease in leases:
-        ends.setdefault((lease.topic, lease.partition), []).append(lease.end_offset)
+        by_tp.setdefault((lease.topic, lease.partition), []).append(lease)
+        part = floors.setdefault(lease.topic, {})
+        part[lease.partition] = min(part.get(lease.partition, lease.start_offset), lease.start_offset)
     caps: dict[str, dict[int, int]] = {}
-    for (topic, partition), lease_ends in ends.items():
-        if all(e is not None for e in lease_ends):
-            caps.setdefault(topic, {})[partition] = max(e for e in lease_ends if e is not None)
-    return SourceGuard(stop_requested=stop, caps=caps)
+    for (topic, partition), tp_leases in by_tp.items():
+        cap = read_cap(tp_leases)
+        if cap is not None:
+            caps.setdefault(topic, {})[partition] = cap
+    hold = instance.state.standby and not leases
+    return SourceGuard(stop_requested=stop, caps=caps, floors=floors, hold=hold)

@@ -129,9 +129,10 @@ STEPS = {
     "relay_stop": ["stop", "verify_none_runs"],
     "relay_upgrade": [
         "plan",
-        "handoff",
         "start_green",
-        "wait_green_first_commit",
+        "wait_green_ready",
+        "handoff",
+        "wait_green_caught_up",
         "drain_blue",
         "stop_blue",
         "verify_single_instance",
@@ -143,7 +144,13 @@ STEPS = {
 WAITS = {
     "relay_deploy": {"wait_first_commit", "verify_single_instance"},
     "relay_stop": {"stop", "verify_none_runs"},
-    "relay_upgrade": {"wait_green_first_commit", "drain_blue", "stop_blue", "verify_single_instance"},
+    "relay_upgrade": {
+        "wait_green_ready",
+        "wait_green_caught_up",
+        "drain_blue",
+        "stop_blue",
+        "verify_single_instance",
+    },
     "relay_recover": {"wait_first_commit"},
 }
 

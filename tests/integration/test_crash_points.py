@@ -75,7 +75,9 @@ def test_upgrade_and_recovery_resume_from_every_crash_point(cfg: RelayConfig) ->
         produced += 50
     assert states == [
         "PREFLIGHT",
-        "GREEN_STARTING",
+        "GREEN_WARMING",
+        "GREEN_WARMING",
+        "GREEN_READY",
         "GREEN_STARTING",
         "DRAINING_BLUE",
         "STOPPING_BLUE",

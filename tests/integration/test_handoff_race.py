@@ -44,6 +44,9 @@ def test_handoff_waits_for_blues_commit_and_never_hands_applied_offsets_on(
     with ledger.tx() as conn:
         blue = ledger.create_instance(conn, name, "v1", Color.BLUE, "/nonexistent", f"relay-{name}-b")
         ledger.open_lease(conn, blue, cfg.topic, 0, 0)
+        green = ledger.create_instance(
+            conn, name, "v2", Color.GREEN, "/nonexistent", f"relay-{name}-g", state=InstanceState.READY
+        )
     ledger.set_instance(blue.id, state=InstanceState.ACTIVE)
     attempt = ledger.start_attempt(blue.id, ledger.issue_launch_token(blue.id))
     op = ledger.open_operation(name, "upgrade", UpgradeState.PREFLIGHT.value, {}, {}, ALL_TERMINAL)
@@ -61,7 +64,7 @@ def test_handoff_waits_for_blues_commit_and_never_hands_applied_offsets_on(
 
     def handoff_at_30() -> None:
         try:
-            outcome["green"] = _handoff(cfg, ledger, op["id"], blue, "v2", {0: 30})
+            _handoff(cfg, ledger, op["id"], blue, green, {0: 30})
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             outcome["error"] = exc
 
@@ -87,5 +90,5 @@ def test_handoff_waits_for_blues_commit_and_never_hands_applied_offsets_on(
     assert "below blue's cursor 50" in str(outcome["error"])
     lease = ledger.leases(blue.id)[0]
     assert (lease.end_offset, lease.next_offset) == (None, 50)
-    assert [i.id for i in ledger.instances(name)] == [blue.id]
+    assert ledger.leases(green.id) == [] and ledger.instance(green.id).state is InstanceState.READY
     assert ledger.operation(op["id"])["state"] == UpgradeState.PREFLIGHT.value

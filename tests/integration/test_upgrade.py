@@ -58,21 +58,27 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     deploy(cfg, version="v1", wait_s=240)
     build_artifact(cfg, "v2")
 
-    # Messages keep coming (50/s) during the whole upgrade.
-    producer = threading.Thread(
-        target=produce,
-        args=(cfg.kafka_bootstrap, cfg.topic, 3000, 50.0),
-        kwargs={"partitions": cfg.partitions},
-    )
+    # Messages keep coming (50/s) during the whole upgrade, green's warm-up included.
+    upgrading, sent = threading.Event(), []
+
+    def load() -> None:
+        while upgrading.is_set():
+            sent.append(produce(cfg.kafka_bootstrap, cfg.topic, 100, 50.0, partitions=cfg.partitions)["sent"])
+
+    upgrading.set()
+    producer = threading.Thread(target=load)
     producer.start()
     try:
         result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)
     finally:
+        upgrading.clear()
         producer.join()
     assert result["state"] == UpgradeState.DONE.value, result
     assert result["duplicates"] == 0 and result["gaps"] == 0
     assert [h["state"] for h in result["history"]] == [
         "PREFLIGHT",
+        "GREEN_WARMING",
+        "GREEN_READY",
         "GREEN_STARTING",
         "DRAINING_BLUE",
         "STOPPING_BLUE",
@@ -82,12 +88,13 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
 
     report = audit(cfg, ledger)
-    assert report.ok and report.message_count == 4000, report.to_json()
+    assert report.ok and report.message_count == 1000 + sum(sent), report.to_json()
     handoff = {int(p): o for p, o in result["handoff"].items()}
     by_offset = versions_by_offset(ledger, cfg.pipeline)
     wrong = [(p, o, v) for (p, o), v in by_offset.items() if v != ("v1" if o < handoff[p] else "v2")]
     assert wrong == []
     assert result["applied_by_green"] > 0  # the producer ran past the handoff
+    assert result["green_ready_s"] > 0 and result["lag_at_cutover"] <= cfg.max_offsets_per_trigger
     assert [a.name for a in master_apps(cfg, cfg.pipeline)] == [green.app_name]
 
     # A version that fails at start-up: ABORTED within the grace period, blue (now v2) never stopped.

@@ -205,3 +205,78 @@ def test_result_json_shape_and_table(tmp_path) -> None:  # noqa: ANN001 - pytest
     assert "applied end to end" in table and "25,000" in table and "100,000" in table and "0.25x" in table
     assert "FAILED: LedgerError: boom" in table and "overall: FAILED" in table
     assert "2 cores" in table and "load average" in table
+
+
+# ------------------------------------------------------------------ processing pause (bench/pause.py)
+def _row(instance: int, batch: int, committed: float, ranges: list[tuple[int, int, int]]) -> dict:
+    return {
+        "instance_id": instance,
+        "batch_id": batch,
+        "committed_at": committed,
+        "ranges": [{"topic": "t", "partition": p, "from": a, "to": b} for p, a, b in ranges],
+    }
+
+
+def test_application_times_join_the_batch_whose_ranges_cover_the_offset() -> None:
+    from relay_dev.bench.pause import application_times, covers
+
+    assert covers([{"topic": "t", "partition": 0, "from": 5, "to": 7}], "t", 0, 6)
+    assert not covers([{"topic": "t", "partition": 0, "from": 5, "to": 7}], "t", 0, 7)
+    assert not covers([{"topic": "u", "partition": 0, "from": 5, "to": 7}], "t", 0, 6)
+    batches = [
+        _row(1, 0, 10.0, [(0, 0, 2)]),
+        _row(1, 0, 12.0, []),  # a replayed batch 0 after a relaunch: recorded, applies nothing
+        _row(1, 1, 11.0, [(0, 2, 4)]),
+        _row(2, 0, 20.0, [(0, 4, 6)]),  # green's batch 0: same batch id, another instance
+    ]
+    messages = [
+        {"topic": "t", "partition": 0, "offset": o, "instance_id": i, "batch_id": b}
+        for o, i, b in [(0, 1, 0), (1, 1, 0), (2, 1, 1), (3, 1, 1), (4, 2, 0), (5, 2, 0), (5, 1, 1)]
+    ]
+    messages.append({"topic": "other", "partition": 0, "offset": 0, "instance_id": 1, "batch_id": 0})
+    applied, unmatched = application_times(messages, batches, "t")
+    assert applied[(0, 0)] == [10.0] and applied[(0, 3)] == [11.0] and applied[(0, 4)] == [20.0]
+    assert applied[(0, 5)] == [20.0]  # (5, instance 1, batch 1) lies outside batch 1's ranges
+    assert unmatched == 1
+
+
+def test_latency_windows_pause_and_exactly_once_counts() -> None:
+    from relay_dev.bench.pause import (
+        exactly_once_counts,
+        in_flight,
+        join_samples,
+        latency_summary,
+        pause_s,
+    )
+
+    produced = {(0, 0): 1.0, (0, 1): 2.0, (0, 2): 3.0, (1, 0): 4.0, (1, 1): 5.0}
+    applied = {(0, 0): [1.5], (0, 1): [2.5, 9.0], (0, 2): [13.0], (1, 0): [13.5]}
+    samples = join_samples(produced, applied)
+    assert [(s.partition, s.offset) for s in samples] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert samples[1].applied == 2.5 and samples[2].latency == 10.0  # first application counts
+    assert exactly_once_counts(produced, applied) == {"records": 5, "duplicates": 1, "gaps": 1}
+    steady = latency_summary(in_flight(samples, 0.0, 2.2))
+    assert steady["n"] == 2 and steady["max_s"] == 0.5 and steady["p50_s"] == 0.5
+    # produced before the window, applied inside it: in flight during the operation
+    op = latency_summary(in_flight(samples, 3.5, 5.0))
+    assert (
+        op["n"] == 2 and op["max_s"] == 10.0 and op["worst"]["offset"] == 2 and op["worst"]["partition"] == 0
+    )
+    assert pause_s(op, steady) == 9.5
+    assert pause_s(latency_summary([]), steady) is None
+    assert latency_summary([]) == {"n": 0, "p50_s": None, "p99_s": None, "max_s": None, "worst": None}
+
+
+def test_timing_figures_print_the_keys_the_result_has() -> None:
+    from relay_dev.bench.upgrade import timing_figures
+
+    result = {
+        "total_s": 30.0,
+        "green_first_commit_s": 24.0,
+        "grace_s": 600,
+        "handoff_s": 0.2,
+        "state": "DONE",
+    }
+    names = [f["name"] for f in timing_figures("upgrade", result, 23.0)]
+    assert names == ["upgrade: handoff -> green's first commit", "upgrade: total", "upgrade: handoff_s"]
+    assert timing_figures("rollback", {"total_s": 46.0}, 23.0)[0]["ratio"] == 2.0

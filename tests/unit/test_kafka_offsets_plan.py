@@ -90,3 +90,20 @@ def test_caps_apply_before_the_limit_and_a_new_partition_enters_without_rows() -
 def test_a_start_below_the_earliest_offset_is_data_loss() -> None:
     with pytest.raises(DataLossError, match="needed offset 5, earliest available is 50"):
         plan_batch_end(_tp({0: 5}), _tp({0: 50}), _tp({0: 60}), fail_on_data_loss=True, max_rows=10)
+
+
+def test_a_warm_standby_starts_reading_at_its_lease_floor_not_at_sparks_position() -> None:
+    """Green's query sat at earliest (0, records long deleted) while it held; its lease starts at H."""
+    floors = {T: {0: 5_000, 1: 7_000}}
+    end = plan_batch_end(
+        _tp({0: 0, 1: 0}),
+        _tp({0: 1_000, 1: 1_000}),  # retention deleted below 1,000: not green's offsets, no data loss
+        _tp({0: 5_400, 1: 7_100}),
+        fail_on_data_loss=True,
+        max_rows=300,
+        floors=floors,
+    )
+    assert end == _tp({0: 5_240, 1: 7_060}), "the row limit counts from the floor, split by backlog"
+    assert plan_batch_end(
+        _tp({0: 5_400}), _tp({0: 0}), _tp({0: 5_500}), fail_on_data_loss=True, floors={T: {0: 100}}
+    ) == _tp({0: 5_500}), "a floor below Spark's position changes nothing"

@@ -40,9 +40,10 @@ def _upgrade_at(ledger: Ledger, state: UpgradeState, **data: object) -> dict:
 @pytest.mark.parametrize(
     "step",
     [
-        lambda c, led, i: upgrade_steps.hand_off(c, led, i),
         lambda c, led, i: upgrade_steps.start_green(c, led, i),
-        lambda c, led, i: upgrade_steps.green_committed(c, led, i, None),
+        lambda c, led, i: upgrade_steps.green_ready(c, led, i, None),
+        lambda c, led, i: upgrade_steps.hand_off(c, led, i),
+        lambda c, led, i: upgrade_steps.green_caught_up(c, led, i, None),
         lambda c, led, i: upgrade_steps.begin_drain(led, i),
         lambda c, led, i: upgrade_steps.blue_drained(c, led, i, False),
         lambda c, led, i: upgrade_steps.request_blue_stop(led, i),

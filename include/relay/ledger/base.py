@@ -150,6 +150,7 @@ class LedgerBase:
         color: Color,
         checkpoint_dir: str,
         app_name: str,
+        state: InstanceState = InstanceState.STARTING,
     ) -> Instance:
         self.ensure_pipeline(pipeline, conn)
         now = time.time()
@@ -158,7 +159,7 @@ class LedgerBase:
                 pipeline=pipeline,
                 version=version,
                 color=color.value,
-                state=InstanceState.STARTING.value,
+                state=state.value,
                 checkpoint_dir=checkpoint_dir,
                 current_epoch=0,
                 stop_requested=False,
@@ -200,6 +201,16 @@ class LedgerBase:
                 values[key] = values[key].value
         values["updated_at"] = time.time()
         conn.execute(s.instances.update().where(s.instances.c.id == instance_id).values(**values))
+
+    def mark_ready(self, instance_id: int) -> bool:
+        """STANDBY -> READY, only from STANDBY (never undoes a handoff that already started it)."""
+        with self.tx() as conn:
+            done = conn.execute(
+                s.instances.update()
+                .where(s.instances.c.id == instance_id, s.instances.c.state == InstanceState.STANDBY.value)
+                .values(state=InstanceState.READY.value, updated_at=time.time())
+            ).rowcount
+        return done == 1
 
     def request_stop(self, instance_id: int) -> None:
         """Ask the instance's drivers to stop between batches (read by the source and the driver)."""

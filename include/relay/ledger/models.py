@@ -8,6 +8,8 @@ from typing import Any
 
 
 class InstanceState(str, Enum):
+    STANDBY = "STANDBY"  # an upgrade's green, submitted without leases: warming up, reads nothing
+    READY = "READY"  # green warm (session, source, Python workers up): the handoff may give it leases
     STARTING = "STARTING"
     ACTIVE = "ACTIVE"
     DRAINING = "DRAINING"
@@ -18,7 +20,18 @@ class InstanceState(str, Enum):
     @property
     def live(self) -> bool:
         """A live instance may still have a driver that writes."""
-        return self in (InstanceState.STARTING, InstanceState.ACTIVE, InstanceState.DRAINING)
+        return self in (
+            InstanceState.STANDBY,
+            InstanceState.READY,
+            InstanceState.STARTING,
+            InstanceState.ACTIVE,
+            InstanceState.DRAINING,
+        )
+
+    @property
+    def standby(self) -> bool:
+        """Holds no lease yet: its source plans no batch until a handoff gives it one."""
+        return self in (InstanceState.STANDBY, InstanceState.READY)
 
 
 class AttemptState(str, Enum):

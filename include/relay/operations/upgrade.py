@@ -1,9 +1,11 @@
-"""Blue-green upgrade with an exact handoff at offsets H: blue applies [cursor, H), green [H, ...).
+"""Blue-green upgrade with a warm standby and an exact handoff at H: blue applies [cursor, H), green [H, ...).
 
-Every step is a persisted state (``operations`` table), so a run that dies half-way is resumed by
-running the upgrade again, and two upgrades (or an upgrade and a recovery) never run at once.
-Before green's first commit the upgrade can abort (blue never stopped); after it, only forward.
-The steps live in ``upgrade_steps`` (Airflow runs each as a task); :func:`upgrade` runs them all.
+Green starts first and holds, without leases, until it is READY; only then is H chosen, so records
+wait for one trigger of green, not for its start-up. Every step is a persisted state (``operations``
+table), so a run that dies half-way is resumed by running the upgrade again, and two upgrades (or an
+upgrade and a recovery) never run at once. Until blue stops, a failed gate aborts (blue takes its
+leases back); after it, only forward. The steps live in ``upgrade_steps`` and ``upgrade_finish``
+(Airflow runs each as a task); :func:`upgrade` runs them all.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from relay.artifacts import artifact, build_artifact, validate_version
 from relay.config import RelayConfig
 from relay.errors import ConfigError, OperationError
-from relay.launcher import driver_running, wait_until_active
+from relay.launcher import FirstCommitWait, driver_running
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps as steps
@@ -26,7 +28,13 @@ from relay.operations.upgrade_steps import (  # re-exported: the upgrade's publi
     UpgradeState,
     parse_handoff,
 )
-from relay.operations.waits import DrainedWait, DriversStoppedWait, OnlyAppsWait, wait_in_process
+from relay.operations.waits import (
+    CaughtUpWait,
+    DrainedWait,
+    DriversStoppedWait,
+    OnlyAppsWait,
+    wait_in_process,
+)
 
 __all__ = ["ALL_TERMINAL", "TERMINAL", "UpgradeState", "open_upgrade", "parse_handoff", "upgrade"]
 
@@ -47,13 +55,17 @@ def open_upgrade(
     local: bool = False,
     progress: Progress = _noop,
     key: str | None = None,
+    catchup_s: float = 120.0,
+    max_lag: int | None = None,
 ) -> dict:
     """The upgrade to run: the one ``key`` already opened or resumed, the one in progress (same
     version), or a new one after the preflight. Returns the operation (its ``id`` drives the steps)."""
     validate_version(version)
     parse_handoff(handoff, config.topic)  # refuse a bad handoff before anything is read
-    if grace_s <= 0 or drain_timeout_s <= 0:
-        raise ConfigError("grace and drain timeout must be positive")
+    if grace_s <= 0 or drain_timeout_s <= 0 or catchup_s <= 0:
+        raise ConfigError("grace, catch-up time and drain timeout must be positive")
+    if max_lag is not None and max_lag < 0:
+        raise ConfigError(f"max lag must be 0 or more records, got {max_lag}")
     ledger = Ledger(config.ledger_url)
     if key:
         for op in ledger.operations(config.pipeline, "upgrade", 20):
@@ -70,7 +82,13 @@ def open_upgrade(
             )
         progress(f"resuming upgrade {op['id']} at state {op['state']}")
     else:
-        op = _preflight(config, ledger, version, handoff, grace_s, drain_timeout_s, local, progress)
+        gates = {
+            "grace_s": grace_s,
+            "drain_timeout_s": drain_timeout_s,
+            "catchup_s": catchup_s,
+            "max_lag": max_lag,
+        }
+        op = _preflight(config, ledger, version, handoff, gates, local, progress)
     if key:
         keys = [*op["data"].get(RUN_KEYS, []), key]
         op = ledger.move_operation(op["id"], op["state"], **{RUN_KEYS: keys})
@@ -82,8 +100,7 @@ def _preflight(
     ledger: Ledger,
     version: str,
     handoff: str,
-    grace_s: float,
-    drain_timeout_s: float,
+    gates: dict,
     local: bool,
     progress: Progress,
 ) -> dict:
@@ -107,13 +124,7 @@ def _preflight(
         config.pipeline,
         "upgrade",
         UpgradeState.PREFLIGHT.value,
-        {
-            "version": version,
-            "handoff": handoff,
-            "grace_s": grace_s,
-            "drain_timeout_s": drain_timeout_s,
-            "local": local,
-        },
+        {"version": version, "handoff": handoff, **gates, "local": local},
         {"blue_id": blue.id, "blue_version": blue.version, "started_at": time.time()},
         ALL_TERMINAL,
     )
@@ -129,27 +140,45 @@ def upgrade(
     drain_timeout_s: float = 600.0,
     local: bool = False,
     progress: Progress = _noop,
+    catchup_s: float = 120.0,
+    max_lag: int | None = None,
 ) -> dict:
-    """Run (or resume) the blue-green upgrade of the pipeline to ``version``: every step, waiting here."""
-    op = open_upgrade(config, version, handoff, grace_s, drain_timeout_s, local, progress)
+    """Run (or resume) the blue-green upgrade of the pipeline to ``version``: every step, waiting here.
+
+    ``grace_s``: for green to report READY; ``catchup_s`` and ``max_lag``: the cutover gate (after
+    the handoff green must commit and get its lag to at most ``max_lag`` records, default one batch);
+    ``drain_timeout_s``: for blue to reach H."""
+    op = open_upgrade(
+        config,
+        version,
+        handoff,
+        grace_s,
+        drain_timeout_s,
+        local,
+        progress,
+        catchup_s=catchup_s,
+        max_lag=max_lag,
+    )
     ledger = Ledger(config.ledger_url)
     op_id = op["id"]
     while op["state"] not in TERMINAL:
         state = UpgradeState(op["state"])
-        if state is UpgradeState.PREFLIGHT:
+        if state in (UpgradeState.PREFLIGHT, UpgradeState.GREEN_WARMING):
+            op = steps.start_green(config, ledger, op_id, progress)
+            if op["state"] != UpgradeState.GREEN_WARMING.value:
+                continue  # the launch failed: ABORTED
+            ready = FirstCommitWait(config, ledger, op["data"]["green_id"], reached=FirstCommitWait.WARM)
+            op = steps.green_ready(
+                config, ledger, op_id, _wait_error(ready, steps.ready_left(op), "warm-up"), progress
+            )
+        elif state is UpgradeState.GREEN_READY:
             op = steps.hand_off(config, ledger, op_id, progress)
         elif state is UpgradeState.GREEN_STARTING:
-            op = steps.start_green(config, ledger, op_id, progress)
-            if op["state"] != UpgradeState.GREEN_STARTING.value:
-                continue  # the launch failed: ABORTED
-            error = None
-            try:
-                wait_until_active(
-                    config, ledger, op["data"]["green_id"], steps.green_grace_left(op), progress
-                )
-            except OperationError as exc:
-                error = str(exc)
-            op = steps.green_committed(config, ledger, op_id, error, progress)
+            gate = CaughtUpWait(
+                config, ledger, op["data"]["green_id"], steps.max_lag(config, op), op["data"]["handoff"]
+            )
+            error = _wait_error(gate, steps.catchup_left(op), "catch-up")
+            op = steps.green_caught_up(config, ledger, op_id, error, gate.lag, progress)
         elif state is UpgradeState.DRAINING_BLUE:
             op = _drain(config, ledger, op_id, progress)
         elif state is UpgradeState.STOPPING_BLUE:
@@ -166,6 +195,20 @@ def upgrade(
                     raise OperationError(f"after the upgrade {only.mismatch()}") from None
             op = steps.finish(config, ledger, op_id, progress)
     return steps.result(ledger.operation(op_id))
+
+
+def _wait_error(wait: FirstCommitWait | CaughtUpWait, timeout_s: float, what: str) -> str | None:
+    """Wait here; None when the condition held, else why not (the driver's own error, or the gate)."""
+    deadline = time.time() + timeout_s
+    try:
+        while wait.check() is None:
+            if time.time() > deadline:
+                why = wait.shortfall() if isinstance(wait, CaughtUpWait) else "not READY"
+                return f"green {what}: {why} after {timeout_s:.0f}s"
+            time.sleep(0.5)
+    except OperationError as exc:
+        return str(exc)
+    return None
 
 
 def _drain(config: RelayConfig, ledger: Ledger, op_id: int, progress: Progress) -> dict:

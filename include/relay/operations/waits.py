@@ -13,19 +13,66 @@ from typing import Any, Protocol
 
 from relay.config import RelayConfig
 from relay.errors import OperationError
+from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import FirstCommitWait, driver_running
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
 
 FIRST_COMMIT = "first_commit"
+READY = "ready"
+CAUGHT_UP = "caught_up"
 DRAINED = "drained"
 DRIVERS_STOPPED = "drivers_stopped"
 ONLY_APPS = "only_apps"
-WAITS = (FIRST_COMMIT, DRAINED, DRIVERS_STOPPED, ONLY_APPS)
+WAITS = (FIRST_COMMIT, READY, CAUGHT_UP, DRAINED, DRIVERS_STOPPED, ONLY_APPS)
 
 
 class Wait(Protocol):
     def check(self) -> dict[str, Any] | None: ...
+
+
+class CaughtUpWait:
+    """The cutover gate: after the handoff green committed, and its lag is at most ``max_lag``.
+
+    Lag is Kafka's latest offset minus green's cursor, summed over green's open leases. Right after
+    the handoff the lag is near zero before green did anything, so when records arrived past H green
+    must also have moved a cursor past H: the gate proves green processes, not only that it runs.
+    Green's driver failing ends the wait at once (:class:`FirstCommitWait`'s checks).
+    """
+
+    def __init__(
+        self, config: RelayConfig, ledger: Ledger, instance_id: int, max_lag: int, handoff: dict[str, int]
+    ) -> None:
+        self.config, self.ledger, self.instance_id = config, ledger, instance_id
+        self.max_lag, self.handoff = max_lag, {int(p): int(o) for p, o in handoff.items()}
+        self.committed = FirstCommitWait(config, ledger, instance_id)
+        self.lag: int | None = None  # as the last check measured it
+        self.moved = False
+
+    def check(self) -> dict[str, Any] | None:
+        if self.committed.check() is None:
+            return None
+        with KafkaOffsets(self.config.kafka_bootstrap) as kafka:
+            latest = kafka.latest(self.config.topic)
+        cursors = {
+            le.partition: le.next_offset
+            for le in self.ledger.leases(self.instance_id)
+            if le.end_offset is None and le.topic == self.config.topic
+        }
+        self.lag = sum(max(latest.get(p, c) - c, 0) for p, c in cursors.items())
+        arrived = any(latest.get(p, h) > h for p, h in self.handoff.items())
+        self.moved = any(cursors.get(p, h) > h for p, h in self.handoff.items())
+        if self.lag <= self.max_lag and (self.moved or not arrived):
+            return {"instance_id": self.instance_id, "lag": self.lag, "max_lag": self.max_lag}
+        return None
+
+    def shortfall(self) -> str:
+        """Why the gate is not passed yet, as the last check saw it."""
+        if self.lag is None:
+            return "no commit yet"
+        if not self.moved:
+            return f"no commit past the handoff (lag {self.lag} records)"
+        return f"lag {self.lag} records > {self.max_lag}"
 
 
 class DrainedWait:
@@ -78,6 +125,12 @@ def make_wait(config: RelayConfig, ledger: Ledger, kind: str, args: dict[str, An
     """A wait from its JSON description (what a trigger serializes)."""
     if kind == FIRST_COMMIT:
         return FirstCommitWait(config, ledger, int(args["instance_id"]))
+    if kind == READY:
+        return FirstCommitWait(config, ledger, int(args["instance_id"]), reached=FirstCommitWait.WARM)
+    if kind == CAUGHT_UP:
+        return CaughtUpWait(
+            config, ledger, int(args["instance_id"]), int(args["max_lag"]), dict(args["handoff"])
+        )
     if kind == DRAINED:
         return DrainedWait(ledger, int(args["instance_id"]))
     if kind == DRIVERS_STOPPED:

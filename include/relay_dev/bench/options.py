@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from relay.errors import ConfigError
 
 Progress = Callable[[str], None]
-SECTIONS: tuple[str, ...] = ("throughput", "overhead", "ledger", "upgrade", "recovery", "memory")
+SECTIONS: tuple[str, ...] = ("throughput", "overhead", "ledger", "upgrade", "recovery", "memory", "submit")
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,9 @@ class BenchOptions:
     overhead_rate: float = 20.0
     ledger_commits: int = 200
     ledger_sizes: tuple[int, ...] = (10, 1000)
-    upgrade_rate: float = 50.0
+    upgrade_rate: float = 100.0
+    pause_steady_seconds: float = 30.0  # the steady-state latency window before the upgrade
+    pause_settle_seconds: float = 10.0  # load without an operation before and after each window
     recovery_messages: int = 3000
     quick: bool = False
     only: tuple[str, ...] = SECTIONS
@@ -37,6 +39,8 @@ class BenchOptions:
                 max_offsets_per_trigger=10_000,
                 overhead_seconds=15.0,
                 ledger_commits=100,
+                pause_steady_seconds=15.0,
+                pause_settle_seconds=5.0,
                 quick=True,
                 only=sections,
             )

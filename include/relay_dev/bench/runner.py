@@ -18,6 +18,7 @@ from .overhead import section_overhead
 from .recovery import section_recovery
 from .results import load_average, machine_facts, new_result, write_result
 from .sampler import MemorySampler
+from .submit import section_submit
 from .throughput import section_throughput
 from .upgrade import section_upgrade
 
@@ -31,8 +32,9 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "upgrade": section_upgrade,
     "recovery": section_recovery,
     "memory": section_memory,
+    "submit": section_submit,
 }
-NEEDS_STACK = {"throughput", "overhead", "upgrade", "recovery", "memory"}
+NEEDS_STACK = {"throughput", "overhead", "upgrade", "recovery", "memory", "submit"}
 
 
 def run_bench(

@@ -1,4 +1,9 @@
-"""Section ``upgrade``: a blue/green handoff under steady load, against a cold deploy's first commit."""
+"""Section ``upgrade``: an upgrade and its rollback under steady load, with each record's latency.
+
+Why both windows in one run: the processing pause (an operation's longest production -> application
+latency minus steady state's) only means something against a steady state of the same machine and
+load, measured minutes before. The rollback is an upgrade to the previous version.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,19 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.errors import OperationError
 
+from .cluster import cursors, latest_offsets, wait_caught_up
 from .context import Context, ensure_running
+from .pause import (
+    Sample,
+    application_times,
+    exactly_once_counts,
+    in_flight,
+    join_samples,
+    latency_summary,
+    pause_s,
+    read_applications,
+    read_production_times,
+)
 from .results import figure
 
 
@@ -57,61 +74,150 @@ class RateProducer:
             producer.close()
 
 
-def section_upgrade(ctx: Context) -> dict[str, Any]:
-    from relay.ledger.store import Ledger
+# The upgrade result's timings, printed when the running code reports them (newer code adds keys).
+TIMINGS: tuple[tuple[str, str], ...] = (
+    ("green_ready_s", "submission -> green READY"),
+    ("ready_to_first_commit_s", "green READY -> first commit"),
+    ("green_first_commit_s", "handoff -> green's first commit"),
+    ("blue_drain_s", "blue drain"),
+    ("total_s", "total"),
+)
+
+
+def timing_figures(label: str, result: dict[str, Any], cold_s: float | None) -> list[dict[str, Any]]:
+    """The known timing keys in order, then any other numeric ``*_s`` key the result carries."""
+    out = []
+    for key, name in TIMINGS:
+        if result.get(key) is not None:
+            base = ("cold deploy first commit", cold_s) if key in ("green_first_commit_s", "total_s") else ()
+            out.append(figure(f"{label}: {name}", float(result[key]), "s", *base))
+    known = {k for k, _ in TIMINGS} | {"grace_s", "drain_timeout_s"}
+    for key, value in result.items():
+        if key.endswith("_s") and key not in known and isinstance(value, int | float):
+            out.append(figure(f"{label}: {key}", float(value), "s"))
+    return out
+
+
+def _timed_upgrade(ctx: Context, version: str, label: str) -> tuple[dict[str, Any], float, float]:
+    """Run one upgrade; its result and the call's wall-clock window."""
     from relay.operations.upgrade import upgrade
+
+    ctx.progress(f"{label}: -> {version} under {ctx.options.upgrade_rate:.0f} msg/s")
+    t0 = time.time()
+    result = upgrade(ctx.config, version, grace_s=600, drain_timeout_s=600, progress=ctx.progress)
+    t1 = time.time()
+    if result.get("state") != "DONE":
+        raise OperationError(f"{label} ended {result.get('state')}: {result.get('error')}")
+    return result, t0, t1
+
+
+def _wait_applied(cfg: RelayConfig, offsets: dict[int, int], timeout_s: float) -> None:
+    """Wait until every cursor passed ``offsets`` (under load the cursors never equal the latest)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(cursors(cfg).get(p, -1) >= off for p, off in offsets.items()):
+        if time.monotonic() > deadline:
+            raise OperationError(f"the job did not apply up to {offsets} within {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def section_upgrade(ctx: Context) -> dict[str, Any]:
+    from relay.artifacts import artifact, build_artifact
+    from relay.ledger.store import Ledger
 
     cfg, opts = ctx.config, ctx.options
     ensure_running(ctx)
-    live = Ledger(cfg.ledger_url).instances(cfg.pipeline, live_only=True)
-    target = "v2" if live[-1].version != "v2" else "v3"
+    previous = Ledger(cfg.ledger_url).instances(cfg.pipeline, live_only=True)[-1].version
+    target = "v2" if previous != "v2" else "v3"
+    for version in (target, previous):  # built before the windows: a build is no part of the pause
+        if not artifact(cfg, version).exists():
+            ctx.progress(f"upgrade: building artifact {version}")
+            build_artifact(cfg, version)
+    start = latest_offsets(cfg)
+    t_begin = time.time()
     producer = RateProducer(cfg, opts.upgrade_rate)
     producer.start()
-    ctx.progress(f"upgrade: {live[-1].version} -> {target} while producing {opts.upgrade_rate:.0f} msg/s")
-    t0 = time.time()
+    ops: dict[str, tuple[dict[str, Any], float, float]] = {}
     try:
-        time.sleep(2)  # records in flight when the handoff is taken
-        result = upgrade(cfg, target, grace_s=600, drain_timeout_s=600, progress=ctx.progress)
+        time.sleep(opts.pause_settle_seconds)
+        _wait_applied(cfg, latest_offsets(cfg), 300)  # the first batch's worker start is no steady state
+        time.sleep(opts.pause_settle_seconds)
+        ctx.progress(
+            f"upgrade: steady state for {opts.pause_steady_seconds:.0f}s at {opts.upgrade_rate:.0f} msg/s"
+        )
+        s0 = time.time()
+        time.sleep(opts.pause_steady_seconds)
+        s1 = time.time()
+        time.sleep(opts.pause_settle_seconds)
+        ops["upgrade"] = _timed_upgrade(ctx, target, "upgrade")
+        time.sleep(opts.pause_settle_seconds)
+        ops["rollback"] = _timed_upgrade(ctx, previous, "rollback")
+        time.sleep(opts.pause_settle_seconds)
     finally:
         sent = producer.stop()
-    ctx.windows["upgrade"] = (t0, time.time())
+    ctx.windows["upgrade"] = (ops["upgrade"][1], ops["rollback"][2])
     if producer.errors:
         raise OperationError(f"the producer failed during the upgrade: {producer.errors[0]}")
-    if result.get("state") != "DONE":
-        raise OperationError(f"upgrade ended {result.get('state')}: {result.get('error')}")
-    dups, gaps = int(result.get("duplicates", -1)), int(result.get("gaps", -1))
-    figures = [
-        figure(
-            "handoff -> green's first commit",
-            result.get("green_first_commit_s"),
-            "s",
-            "cold deploy first commit",
-            ctx.deploy_first_commit_s,
-        ),
-        figure("blue drain", result.get("blue_drain_s"), "s"),
-        figure(
-            "upgrade total", result.get("total_s"), "s", "cold deploy first commit", ctx.deploy_first_commit_s
-        ),
-        figure("duplicates (must be 0)", dups, "records"),
-        figure("gaps (must be 0)", gaps, "records"),
-    ]
-    if dups != 0 or gaps != 0:
-        raise OperationError(f"upgrade applied {dups} record(s) twice and missed {gaps}")
-    keep = {
-        k: result.get(k)
-        for k in (
-            "upgrade_id",
-            "state",
-            "blue_id",
-            "green_id",
-            "handoff",
-            "green_first_commit_s",
-            "blue_drain_s",
-            "total_s",
-            "applied_by_blue",
-            "applied_by_green",
-            "duplicates",
-            "gaps",
-        )
+    wait_caught_up(cfg, ctx.progress, 300, "upgrade (the last records)")
+    end = latest_offsets(cfg)
+    produced, ts_types = read_production_times(cfg.kafka_bootstrap, cfg.topic, start, end)
+    messages, batches = read_applications(cfg.ledger_url, cfg.pipeline, cfg.topic, start, t_begin)
+    applied, unmatched = application_times(messages, batches, cfg.topic)
+    windows = {"steady": (s0, s1), **{k: (v[1], v[2]) for k, v in ops.items()}}
+    details: dict[str, Any] = {
+        "rate": opts.upgrade_rate,
+        "produced": sent,
+        "versions": {"upgrade": target, "rollback": previous},
+        "windows": windows,
+        "timestamp_types": ts_types,
+        "unmatched_message_rows": unmatched,
+        "exactly_once": exactly_once_counts(produced, applied),
+        **{label: dict(v[0]) for label, v in ops.items()},
     }
-    return {"figures": figures, "details": {"result": keep, "produced_during": sent, "version": target}}
+    figures, bad = _figures(ctx, join_samples(produced, applied), windows, ops, details)
+    eo = details["exactly_once"]
+    if eo["duplicates"] or eo["gaps"] or unmatched:
+        bad.append(f"per record: {eo['duplicates']} duplicate(s), {eo['gaps']} gap(s), {unmatched} unmatched")
+    if ts_types != [0]:
+        bad.append(f"Kafka timestamp types {ts_types}: production times need CreateTime (0)")
+    for f in figures:
+        ctx.progress(f"upgrade: {f['name']} = {f['value']} {f['unit']}")
+    if bad:
+        raise OperationError("; ".join(bad))
+    return {"figures": figures, "details": details}
+
+
+def _figures(
+    ctx: Context,
+    samples: list[Sample],
+    windows: dict[str, tuple[float, float]],
+    ops: dict[str, tuple[dict[str, Any], float, float]],
+    details: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Steady latency, then per operation its latency, pause and timings; what must fail the section."""
+    lat = {name: latency_summary(in_flight(samples, *win)) for name, win in windows.items()}
+    details["latency"] = lat
+    steady = lat["steady"]
+    figures = [
+        figure("steady latency p50", steady["p50_s"], "s"),
+        figure("steady latency p99", steady["p99_s"], "s"),
+        figure("steady latency max", steady["max_s"], "s"),
+    ]
+    bad: list[str] = []
+    for label, (result, _t0, _t1) in ops.items():
+        dups, gaps = int(result.get("duplicates", -1)), int(result.get("gaps", -1))
+        figures += [
+            figure(f"{label}: latency max", lat[label]["max_s"], "s", "steady max", steady["max_s"]),
+            figure(f"{label}: pause (max - steady max)", pause_s(lat[label], steady), "s", "target", 2.0),
+            *timing_figures(label, result, ctx.deploy_first_commit_s),
+            figure(f"{label}: duplicates (must be 0)", dups, "records"),
+            figure(f"{label}: gaps (must be 0)", gaps, "records"),
+        ]
+        if dups != 0 or gaps != 0:
+            bad.append(f"{label} applied {dups} record(s) twice and missed {gaps}")
+    eo = details["exactly_once"]
+    figures += [
+        figure("per record, whole run: records produced", eo["records"], "records"),
+        figure("per record: applied twice (must be 0)", eo["duplicates"], "records"),
+        figure("per record: never applied (must be 0)", eo["gaps"], "records"),
+    ]
+    return figures, bad

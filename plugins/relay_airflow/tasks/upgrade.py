@@ -14,7 +14,7 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 from relay.operations import upgrade_steps as steps
 from relay.operations.upgrade_steps import UpgradeState
-from relay.operations.waits import DRAINED, DRIVERS_STOPPED, FIRST_COMMIT, ONLY_APPS, OnlyAppsWait
+from relay.operations.waits import CAUGHT_UP, DRAINED, DRIVERS_STOPPED, ONLY_APPS, READY, OnlyAppsWait
 
 from relay_airflow.assets import emit_pipeline_event
 from relay_airflow.operators.ledger_wait import WaitFor
@@ -55,40 +55,66 @@ def plan() -> dict[str, Any]:
         drain_timeout_s=float(p["drain_timeout_seconds"]),
         progress=log.info,
         key=run_key(context),
+        catchup_s=float(p.get("catchup_seconds", 120)),
+        max_lag=p.get("max_lag"),
     )
     return _summary(_going(op))
 
 
-def handoff() -> dict[str, Any]:
-    context = get_current_context()
-    config = relay_config()
-    return _summary(_going(steps.hand_off(config, ledger_of(config), _op_id(context), log.info)))
-
-
 def start_green() -> dict[str, Any]:
+    """Green as a warm standby: created without leases and submitted; blue runs on uncapped."""
     context = get_current_context()
     config = relay_config()
     return _summary(_going(steps.start_green(config, ledger_of(config), _op_id(context), log.info)))
 
 
-def wait_green_prepare(context: Any) -> WaitFor | dict[str, Any]:
+def wait_ready_prepare(context: Any) -> WaitFor | dict[str, Any]:
+    config = relay_config()
+    op = _going(ledger_of(config).operation(_op_id(context)))
+    if op["state"] != UpgradeState.GREEN_WARMING.value:
+        return _summary(op)
+    left = steps.ready_left(op)
+    green = op["data"]["green_id"]
+    note = f"green READY, {left:.0f}s left"
+    return WaitFor(READY, {"instance_id": green}, left, config.pipeline, note=note)
+
+
+def wait_ready_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    """Green READY: the handoff may run. Green failing (or the grace passing) first: ABORTED."""
+    config = relay_config()
+    error = None if event["status"] == DONE else event["error"]
+    return _summary(_going(steps.green_ready(config, ledger_of(config), _op_id(context), error, log.info)))
+
+
+def handoff() -> dict[str, Any]:
+    """H is read now, with green READY: blue closes at H, green opens at H (one transaction)."""
+    context = get_current_context()
+    config = relay_config()
+    return _summary(_going(steps.hand_off(config, ledger_of(config), _op_id(context), log.info)))
+
+
+def wait_caught_up_prepare(context: Any) -> WaitFor | dict[str, Any]:
     config = relay_config()
     op = _going(ledger_of(config).operation(_op_id(context)))
     if op["state"] != UpgradeState.GREEN_STARTING.value:
         return _summary(op)
-    green = op["data"]["green_id"]
-    left = steps.green_grace_left(op)
-    return WaitFor(
-        FIRST_COMMIT, {"instance_id": green}, left, config.pipeline, note=f"green, {left:.0f}s left"
-    )
+    left = steps.catchup_left(op)
+    args = {
+        "instance_id": op["data"]["green_id"],
+        "max_lag": steps.max_lag(config, op),
+        "handoff": op["data"]["handoff"],
+    }
+    return WaitFor(CAUGHT_UP, args, left, config.pipeline, note=f"green's lag <= {args['max_lag']}")
 
 
-def wait_green_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
-    """Green committed: blue drains. Green failed (or the grace passed) before committing: ABORTED."""
+def wait_caught_up_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    """The cutover gate passed: blue drains. Failed (green dead, or too slow in time): ABORTED, and
+    blue takes back everything green did not apply."""
     config = relay_config()
-    error = None if event["status"] == DONE else event["error"]
+    done = event["status"] == DONE
+    error, lag = (None, event["result"].get("lag")) if done else (event["error"], None)
     return _summary(
-        _going(steps.green_committed(config, ledger_of(config), _op_id(context), error, log.info))
+        _going(steps.green_caught_up(config, ledger_of(config), _op_id(context), error, lag, log.info))
     )
 
 

@@ -99,8 +99,11 @@ class LedgerWaitTrigger(BaseTrigger):
                     yield self._event(DONE, started, result=done)
                     return
                 if time.time() >= self.timeout_at:
-                    why = f"{self.kind} not reached by the deadline" + (
-                        f" (last error: {last_error})" if last_error else ""
+                    shortfall = getattr(wait, "shortfall", None)  # what the gate still misses
+                    why = (
+                        f"{self.kind} not reached by the deadline"
+                        + (f": {shortfall()}" if shortfall else "")
+                        + (f" (last error: {last_error})" if last_error else "")
                     )
                     yield self._event(TIMEOUT, started, error=why)
                     return

@@ -1,0 +1,55 @@
+"""What a driver checks before its query starts: a crash loop, data loss, where its leases begin.
+
+Pure reads of the ledger and the broker, kept apart from the lifecycle in ``driver_runtime``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from relay.errors import DataLossError
+from relay.kafka_offsets import KafkaOffsets
+from relay.ledger.store import Ledger
+
+CRASH_LOOP_ATTEMPTS = 5
+CRASH_LOOP_WINDOW_S = 300.0
+
+
+def crash_loop(ledger: Ledger, instance_id: int) -> bool:
+    """Too many attempts in a short window that committed nothing: stop relaunching and say so.
+
+    Attempts that made progress are not a loop: a driver killed now and then (a lost worker, an
+    operator) must keep coming back however often it happens.
+    """
+    since = time.time() - CRASH_LOOP_WINDOW_S
+    productive = ledger.productive_attempts(instance_id)
+    recent = [a for a in ledger.attempts(instance_id) if a.started_at > since]
+    stuck = 0
+    for attempt in reversed(recent):  # the latest run of attempts without a committed batch
+        if attempt.id in productive:
+            break
+        stuck += 1
+    return stuck >= CRASH_LOOP_ATTEMPTS
+
+
+def check_data_loss(ledger: Ledger, instance_id: int, bootstrap: str) -> None:
+    """Fail fast (before Spark plans anything) when a cursor points below the earliest offset."""
+    leases = [lease for lease in ledger.leases(instance_id) if not lease.drained]
+    with KafkaOffsets(bootstrap) as kafka:
+        earliest_by_topic = {t: kafka.earliest(t) for t in {lease.topic for lease in leases}}
+    for lease in leases:
+        earliest = earliest_by_topic[lease.topic].get(lease.partition, 0)
+        if lease.next_offset < earliest:
+            raise DataLossError(lease.topic, lease.partition, lease.next_offset, earliest)
+
+
+def starting_offsets(ledger: Ledger, instance_id: int) -> dict[str, dict[str, int]]:
+    """Per partition, the lowest cursor of the instance's undrained leases (Spark's JSON form)."""
+    out: dict[str, dict[str, int]] = {}
+    for lease in ledger.leases(instance_id):
+        if lease.drained:
+            continue
+        part = out.setdefault(lease.topic, {})
+        key = str(lease.partition)
+        part[key] = min(part.get(key, lease.next_offset), lease.next_offset)
+    return out
