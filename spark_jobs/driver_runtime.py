@@ -93,6 +93,15 @@ def code_version() -> tuple[str | None, bool]:
     return relay_job_version.VERSION, bool(relay_job_version.FAIL_AT_START)
 
 
+def batch_delay() -> float:
+    """Seconds each batch waits first: only a version built slow on purpose (``batch_delay_s``)."""
+    try:
+        import relay_job_version
+    except ImportError:
+        return 0.0
+    return float(getattr(relay_job_version, "BATCH_DELAY_S", 0.0))
+
+
 def own_driver_id() -> str | None:
     """The Spark driver id this process runs as: a standalone worker starts each driver in
     ``<work dir>/<driver id>``, the same folder across supervised relaunches."""
@@ -129,6 +138,7 @@ class DriverRuntime:
         self.attempt = None
         self.zombie: ZombieAttemptError | None = None
         self.stop_signal = False
+        self.batch_delay = batch_delay()
 
     # ------------------------------------------------------------------ what a driver says
     def before_query(self, spark: Any) -> None:
@@ -305,6 +315,8 @@ class DriverRuntime:
         started = time.time()
         if self.ledger.instance(self.instance.id).state.standby:
             return  # a standby's source holds, so this batch is empty: nothing to apply or record
+        if self.batch_delay:
+            time.sleep(self.batch_delay)  # a version built slow on purpose (tests of the cutover gate)
         ckpt = self.instance.checkpoint_dir
         end = planned_offsets(ckpt, batch_id)
         if end is None:

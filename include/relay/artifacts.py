@@ -108,6 +108,7 @@ def build_artifact(
     force: bool = False,
     import_error: bool = False,
     pipeline_code: Path | None = None,
+    batch_delay_s: float = 0.0,
 ) -> Artifact:
     """Freeze the current code as ``version`` (an existing artifact is kept unless ``force``).
 
@@ -116,7 +117,8 @@ def build_artifact(
 
     Two deliberately broken versions, for testing aborts: ``fail_at_start`` fails after the driver
     took an attempt in the ledger; ``import_error`` dies at import, before it reaches the ledger (the
-    driver script imports a module no artifact has). Both are decided here, at build time, so a
+    driver script imports a module no artifact has). ``batch_delay_s`` makes a slow one (each batch
+    waits that long first), for testing the cutover gate. All are decided here, at build time, so a
     real version's driver pays nothing for them.
     """
     art = artifact(config, version)
@@ -134,7 +136,10 @@ def build_artifact(
         for name, path in _members(Path(code).resolve() if pipeline else None):
             zf.write(path, name)
         module = pipeline["module"] if pipeline else None
-        zf.writestr(VERSION_MODULE, f"VERSION = {version!r}\n" + _version_settings(fail_at_start, module))
+        zf.writestr(
+            VERSION_MODULE,
+            f"VERSION = {version!r}\n" + _version_settings(fail_at_start, module, batch_delay_s),
+        )
     (tmp / "artifact.json").write_text(
         json.dumps(
             {
@@ -142,6 +147,7 @@ def build_artifact(
                 "built_at": time.time(),
                 "fail_at_start": fail_at_start,
                 "import_error": import_error,
+                "batch_delay_s": batch_delay_s,
                 "driver_interface": DRIVER_INTERFACE,
                 "driver": driver,
                 "code_hash": zip_code_hash(tmp / "relay_job.zip", tmp / driver),
@@ -172,9 +178,11 @@ def _members(package: Path | None) -> list[tuple[str, Path]]:
     return members
 
 
-def _version_settings(fail_at_start: bool, pipeline_module: str | None) -> str:
+def _version_settings(fail_at_start: bool, pipeline_module: str | None, batch_delay_s: float = 0.0) -> str:
     """The version module after its first line (``VERSION = ...``): what else the driver is told."""
     settings = f"FAIL_AT_START = {fail_at_start!r}\n"
+    if batch_delay_s:
+        settings += f"BATCH_DELAY_S = {float(batch_delay_s)!r}\n"
     return settings + (f"PIPELINE_MODULE = {pipeline_module!r}\n" if pipeline_module else "")
 
 

@@ -103,7 +103,12 @@ def cmd_build(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.operations.rollback import prune_versions
 
     art = build_artifact(
-        cfg, a.version, fail_at_start=a.fail_at_start, force=a.force, pipeline_code=a.pipeline_code
+        cfg,
+        a.version,
+        fail_at_start=a.fail_at_start,
+        force=a.force,
+        pipeline_code=a.pipeline_code,
+        batch_delay_s=a.batch_delay,
     )
     pruned = prune_versions(cfg, Ledger(cfg.ledger_url))
     if pruned.get("skipped"):
@@ -286,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--version", type=version_arg, required=True)
     b.add_argument("--force", action="store_true", help="rebuild an existing version")
     b.add_argument("--fail-at-start", action="store_true", help="a deliberately broken version (tests)")
+    b.add_argument(
+        "--batch-delay",
+        type=float_above(0),
+        default=0.0,
+        help="a deliberately slow version: seconds each batch waits (tests of the cutover gate)",
+    )
     b.add_argument(
         "--pipeline-code",
         type=Path,

@@ -16,6 +16,8 @@ from relay.config import RelayConfig
 from relay.errors import RelayError
 from relay.inputs import float_above, int_at_least
 
+from relay_dev.bench.options import SECTIONS
+
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -112,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
     bn.add_argument(
         "--only",
         default=None,
-        help="comma-separated sections: throughput,overhead,ledger,upgrade,recovery,memory",
+        help=f"comma-separated sections: {','.join(SECTIONS)}",
     )
     ch = sub.add_parser("chaos", help="kill stack parts at random under load, then deep audit (var/chaos/)")
     length = ch.add_mutually_exclusive_group()
