@@ -2,10 +2,12 @@
  * relay.pml -- a Promela model of Relay's exactly-once protocol (model/README.md says what is
  * modelled, what is abstracted, and how each invariant maps to the code). Checked by model/check.py.
  *
- * One Kafka partition with offsets 0..N-1; three instances (blue, green made by the upgrade, and the
- * fresh instance a recovery makes), each with one lease row; attempts with epochs; the instance row
- * lock; the commit transaction; the blue-green handoff, its abort and the drain; the recovery;
- * retention; and a crash between any two steps of every process.
+ * One Kafka partition with offsets 0..N-1; three instances (blue, green made by the upgrade as a warm
+ * standby, and the fresh instance a recovery makes), each with one lease row, and a second row for
+ * blue's continuation [X, ...) after an abort that green committed before; attempts with epochs; the
+ * instance row lock; the commit transaction; the source guard (hold, floor, read cap); the blue-green
+ * handoff, its abort (before or after green committed) and the drain; the recovery; retention; and a
+ * crash between any two steps of every process.
  *
  * Build switches (spin -D...):
  *   NO_ROW_LOCK          mutant: the handoff reads blue's lease without locking blue's instance row
@@ -17,8 +19,18 @@
  *   STALE_RECOVERY_PLAN  mutant: the recovery plans (reads the cursor, picks the target) BEFORE it
  *                        stops the pipeline and records its gaps from that plan (recover.py did until
  *                        _open_new_instance read the cursors in its own transaction)
- *   ONLY=k               assert only invariant k (1..5, below); 0 (default) asserts all of them
- *   N, RET               offsets in the partition; how many of them retention may delete
+ *   ABORT_REOPENS        mutant: an abort after green committed reopens blue's lease closed at H
+ *                        (as the abort before green's first commit does) instead of opening [X, ...)
+ *   NO_READ_CAP          mutant: the source guard does not cap blue at H while its closed lease
+ *                        [cursor, H) is undrained and its next lease starts at X > H (read_cap)
+ *   HANDOFF_LATEST       H is Kafka's latest offset read by the handoff: at or past the end of every
+ *                        batch blue planned before (the window between kafka.latest() and the lock is
+ *                        left out); default: any H at or past blue's cursor (an explicit handoff)
+ *   PROGRESS             also assert invariants 6 and 7 (below) under ONLY=0
+ *   ONLY=k               assert only invariant k (1..7, below); 0 (default) asserts 1..5 (and 6, 7
+ *                        with PROGRESS)
+ *   N, RET, MAXB         offsets in the partition; how many of them retention may delete; the most
+ *                        offsets a batch reads (maxOffsetsPerTrigger: 2 or 3)
  *   BLUE_ATTEMPTS, GREEN_ATTEMPTS, REC_ATTEMPTS   attempts the supervision may start per instance
  *   NO_UPGRADE, NO_RECOVERY                       leave that operation out
  *   ATOMIC_COMMIT        the commit transaction as one step (default: two, with a crash between)
@@ -43,13 +55,18 @@
 #ifndef REC_ATTEMPTS
 #define REC_ATTEMPTS 1
 #endif
+#ifndef MAXB
+#define MAXB 2
+#endif
 
 #define OPEN 15     /* a lease's end while it is open ("end_offset IS NULL"); any value > N */
-#define NL 3        /* lease rows: 0 = blue's, 1 = green's (handoff), 2 = the recovered instance's */
-#define NI 3        /* instances */
+#define NL 4        /* lease rows: 0 = blue's, 1 = green's (handoff), 2 = the recovered instance's,
+                     * 3 = blue's continuation [X, ...) (an abort after green applied [H, X)) */
+#define NI 3        /* instances; instance x's first lease is row x, blue's second is row BCONT */
 #define BLUE 0
 #define GREEN 1
 #define REC 2
+#define BCONT 3
 
 /* instance states (relay.ledger.models.InstanceState); 0 = not created yet */
 #define STARTING 1
@@ -58,7 +75,13 @@
 #define STOPPED 4
 #define FAILED 5
 #define FENCED 6
-#define LIVE(x) (ist[x] == STARTING || ist[x] == ACTIVE || ist[x] == DRAINING)
+#define STANDBY 7   /* green before the handoff: no lease, its source holds (READY is the same here) */
+#define LIVE(x) (ist[x] == STARTING || ist[x] == ACTIVE || ist[x] == DRAINING || ist[x] == STANDBY)
+
+/* the source guard's floor (the lowest start of the instance's leases: nothing below is its to read;
+ * lease starts never move, and row x starts lowest) and where a batch from position p really starts */
+#define FLOOR(x) (l_valid[x] -> l_start[x] : 0)
+#define FROM(x, p) (FLOOR(x) > p -> FLOOR(x) : p)
 
 /* the instance's Spark checkpoint: empty, offsets/N written (planned), commits/N written (done) */
 #define CK_EMPTY 0
@@ -105,23 +128,32 @@ byte ck[NI];            /* each instance's checkpoint (shared by all its attempt
 byte ck_s[NI];
 byte ck_e[NI];
 byte earliest;          /* Kafka's earliest offset (retention moves it up) */
+#ifdef HANDOFF_LATEST
+byte latest;            /* Kafka's latest offset as far as it matters: the highest end planned so far */
+#endif
 bit  launched[NI];      /* submitted: the cluster's supervision may start attempts */
 byte budget[NI];        /* attempts the supervision may still start (bounds the model) */
-byte cap[NI];           /* derived from the leases: where the source guard stops reading */
+byte cap[NI];           /* derived from the leases and cursors: where the source guard stops reading
+                         * (0 = hold: a standby without a lease plans nothing) */
 
 /* ------------------------------------------------------------------ ghosts, for the invariants */
 byte applied[N];        /* how many times each offset was applied (written by a committed batch) */
 bit  gap[N];            /* declared lost or skipped (a gap record) */
-byte ghostH = OPEN;     /* the handoff offset H */
-bit  h_active;          /* a handoff is in force (not aborted) */
+byte ghostH = OPEN;     /* the handoff offset H (OPEN: no handoff yet) */
+byte ghostX = OPEN;     /* green's range is [ghostH, ghostX): OPEN while the handoff is in force; after
+                         * an abort, X (green applied [H, X)) or H (green applied nothing) */
 byte blue_reach;        /* 1 + the highest offset blue applied (0: none) */
 
 /* one bit per invariant; each goes to 0 when its invariant is violated, and is asserted */
 bit no_double_apply = 1;        /* 1: no offset applied twice */
 bit no_skip_without_gap = 1;    /* 2: every offset is applied, in a gap, or still ahead of a cursor */
 bit single_writer = 1;          /* 3: only the attempt holding its live instance's current epoch commits */
-bit blue_below_H = 1;           /* 4: after the handoff, blue has applied nothing at or past H */
+bit blue_outside_green = 1;     /* 4: blue never applies an offset of green's range [H, X) */
 bit gap_only_unapplied = 1;     /* 5: a gap never covers an applied offset */
+bit no_stranded_offset = 1;     /* 6: no live instance's read position passes an offset its own
+                                 *    unfinished lease still has to apply (it could never read it) */
+bit one_task_range = 1;         /* 7: the offsets a batch may apply form one range (executor-side
+                                 *    sinks: _task_ranges refuses the batch otherwise, for ever) */
 
 /* scratch for loops inside atomic steps (always reset to 0 after use) */
 byte ho;
@@ -146,7 +178,7 @@ byte hg;
 #define CHECK3 skip
 #endif
 #if ONLY == 0 || ONLY == 4
-#define CHECK4 assert(blue_below_H)
+#define CHECK4 assert(blue_outside_green)
 #else
 #define CHECK4 skip
 #endif
@@ -154,6 +186,21 @@ byte hg;
 #define CHECK5 assert(gap_only_unapplied)
 #else
 #define CHECK5 skip
+#endif
+/* 6 and 7 are computed only when asserted (their ghost bits would split states for nothing) */
+#if ONLY == 6 || (ONLY == 0 && defined(PROGRESS))
+#define CHECK6 assert(no_stranded_offset)
+#define WATCH6 1
+#else
+#define CHECK6 skip
+#define WATCH6 0
+#endif
+#if ONLY == 7 || (ONLY == 0 && defined(PROGRESS))
+#define CHECK7 assert(one_task_range)
+#define WATCH7 1
+#else
+#define CHECK7 skip
+#define WATCH7 0
 #endif
 
 inline say(x) {
@@ -195,13 +242,45 @@ inline check_accounted() {
   ho = 0; hl = 0; hf = 0
 }
 
-inline check_all() {
-  check_accounted();
-  CHECK1; CHECK2; CHECK3; CHECK4; CHECK5
+/* A live instance reads on from its checkpoint's position (the next batch starts where the last one
+ * ended; an in-flight batch is replayed from its start) and never goes back: an offset its own
+ * unfinished lease has yet to apply (at or after the cursor) but that lies below that position can
+ * never be read by it (each later batch starts past the cursor: SourceGapError, for ever). */
+inline check_stranded() {
+#if WATCH6
+  for (hx : 0 .. NI - 1) {
+    if
+    :: LIVE(hx) && ck[hx] != CK_EMPTY ->
+      hg = (ck[hx] == CK_DONE -> ck_e[hx] : ck_s[hx]);
+      for (hl : 0 .. NL - 1) {
+        if
+        :: l_valid[hl] && l_inst[hl] == hx && l_cur[hl] < l_end[hl] && l_cur[hl] < hg ->
+          printf("@@ VIOLATION no_stranded_offset: "); say(hx);
+          printf(" reads on from %d, its lease %d still has to apply %d\n", hg, hl, l_cur[hl]);
+          no_stranded_offset = 0
+        :: else -> skip
+        fi
+      }
+    :: else -> skip
+    fi
+  }
+  hx = 0; hl = 0; hg = 0
+#else
+  skip
+#endif
 }
 
-/* What the source guard lets each instance read up to (relay.source_guard): uncapped while it has
- * an open lease or no lease at all, else the highest end of its leases; never past Kafka's end N. */
+inline check_all() {
+  check_accounted();
+  check_stranded();
+  CHECK1; CHECK2; CHECK3; CHECK4; CHECK5; CHECK6; CHECK7
+}
+
+/* What the source guard lets each instance read up to (relay.source_guard.read_cap; never past
+ * Kafka's end N): a standby without leases holds (0); no lease otherwise, or an open one: uncapped,
+ * unless a closed, undrained lease is followed by a later lease that starts past its end (blue after
+ * an abort that green committed before: [cursor, H) then [X, ...)): that end; all leases closed:
+ * the highest end. Depends on the cursors: recomputed after every commit too. */
 inline recompute_caps() {
   for (hx : 0 .. NI - 1) {
     hf = 0; hg = 0; ho = 0;
@@ -216,7 +295,19 @@ inline recompute_caps() {
       :: else -> skip
       fi
     }
-    cap[hx] = ((hf || !hg) -> N : (ho < N -> ho : N))
+    if
+    :: !hg -> cap[hx] = (ist[hx] == STANDBY -> 0 : N)
+    :: hg && !hf -> cap[hx] = (ho < N -> ho : N)
+    :: hg && hf ->
+      cap[hx] = N;
+#ifndef NO_READ_CAP
+      if
+      :: hx == BLUE && l_valid[0] && l_valid[BCONT] && l_end[0] != OPEN && l_cur[0] < l_end[0] &&
+         l_start[BCONT] > l_end[0] -> cap[hx] = l_end[0]
+      :: else -> skip
+      fi
+#endif
+    fi
   }
   hx = 0; hl = 0; ho = 0; hf = 0; hg = 0
 }
@@ -235,9 +326,10 @@ inline apply(x, o) {
   :: else -> skip
   fi;
   if
-  :: x == BLUE && h_active && o >= ghostH ->
-    printf("@@ VIOLATION blue_below_H: blue applies offset %d, the handoff is at %d\n", o, ghostH);
-    blue_below_H = 0
+  :: x == BLUE && o >= ghostH && o < ghostX ->
+    printf("@@ VIOLATION blue_outside_green: blue applies offset %d of green's range [%d,", o, ghostH);
+    say_end(ghostX); printf(")\n");
+    blue_outside_green = 0
   :: else -> skip
   fi;
   if
@@ -269,15 +361,19 @@ proctype Attempt(byte i) {
   byte pos;             /* where the next batch starts */
   byte o;
   byte t;
+  byte t3;
   bit ok;
-  bit rv;               /* the instance's lease (row i) as the commit transaction read it */
+  bit rv;               /* the instance's leases as the commit transaction read them: row i ... */
   byte rc;
   byte re;
+  bit rv3;              /* ... and, for blue, its continuation (row BCONT) */
+  byte rc3;
+  byte re3;
 
   /* Ledger.start_attempt: lock the instance row, refuse a non-live instance, take a new epoch.
    * Then the driver opens the checkpoint: an in-flight batch (offsets/N without commits/N) runs
-   * again; an empty checkpoint starts at the instance's undrained cursor
-   * (reference_job.starting_offsets), or at Kafka's earliest offset when it has none. */
+   * again; an empty checkpoint starts at the lowest cursor of the instance's undrained leases
+   * (driver_checks.starting_offsets), or at Kafka's earliest offset when it has none (a standby). */
   atomic {
     lockh[i] == 0 ->
     if
@@ -292,32 +388,42 @@ proctype Attempt(byte i) {
       goto batch
     :: ck[i] == CK_DONE -> pos = ck_e[i]
     :: ck[i] == CK_EMPTY ->
+      pos = OPEN;
+      if :: l_valid[i] && l_cur[i] < l_end[i] -> pos = l_cur[i] :: else -> skip fi;
       if
-      :: l_valid[i] && (l_end[i] == OPEN || l_cur[i] < l_end[i]) -> pos = l_cur[i]
-      :: else -> pos = earliest
-      fi
+      :: i == BLUE && l_valid[BCONT] && l_cur[BCONT] < l_end[BCONT] && l_cur[BCONT] < pos -> pos = l_cur[BCONT]
+      :: else -> skip
+      fi;
+      if :: pos == OPEN -> pos = earliest :: else -> skip fi
     fi
   }
 
 plan:
-  /* The source plans the next batch within the guard's cap and maxOffsetsPerTrigger (1 or 2 here),
-   * and Spark writes it to offsets/N. A stopped or fenced instance plans nothing (idle for ever is
-   * the same, for everybody else, as a crash here). */
+  /* The source plans the next batch: nothing while the guard holds (a standby without a lease) or
+   * the instance is not live; from its position, moved up to its lease floor (a warm standby's
+   * position is far below H); within the guard's cap and maxOffsetsPerTrigger (1..MAXB here).
+   * Spark writes it to offsets/N. (Idle for ever is the same, for everybody else, as a crash here.) */
 end_idle:
   atomic {
-    LIVE(i) && cap[i] > pos ->
-    s = pos;
+    LIVE(i) && cap[i] > FROM(i, pos) ->
+    s = FROM(i, pos);
     if
     :: e = s + 1
     :: s + 2 <= cap[i] -> e = s + 2
+#if MAXB >= 3
+    :: s + 3 <= cap[i] -> e = s + 3
+#endif
     fi;
     ck[i] = CK_PLANNED; ck_s[i] = s; ck_e[i] = e;
+#ifdef HANDOFF_LATEST
+    if :: e > latest -> latest = e :: else -> skip fi;
+#endif
     printf("@@ "); say(i); printf(" e%d plans [%d,%d)\n", ep, s, e)
   }
 
 batch:
   /* The commit transaction, part 1: read the records (failOnDataLoss), lock the instance row,
-   * refuse a zombie (stale epoch or non-live instance), read the instance's lease. */
+   * refuse a zombie (stale epoch or non-live instance), read the instance's leases. */
   if
   :: atomic {
       lockh[i] == 0 ->
@@ -339,7 +445,14 @@ batch:
       fi;
       rv = l_valid[i]; rc = l_cur[i]; re = l_end[i];
       printf("@@ "); say(i); printf(" e%d locks its row, reads its lease: cursor %d, end ", ep, rc);
-      say_end(re); printf("\n");
+      say_end(re);
+      if
+      :: i == BLUE && l_valid[BCONT] ->
+        rv3 = 1; rc3 = l_cur[BCONT]; re3 = l_end[BCONT];
+        printf("; its lease [%d,", l_start[BCONT]); say_end(re3); printf(") at cursor %d", rc3)
+      :: else -> skip
+      fi;
+      printf("\n");
 #ifndef ATOMIC_COMMIT
     }
   CRASH(gone)   /* crash after offsets/N: the next attempt replays the batch */
@@ -347,11 +460,13 @@ batch:
   if
   :: atomic {
 #endif
-      /* Part 2: refuse a batch that starts past the cursor, keep the records inside the lease and
-       * at or after its cursor, write them, compare-and-set the cursor to the planned end (capped
-       * at the lease's end), record the batch, commit. */
+      /* Part 2 (protocol._planned_moves, _owner): for each lease the batch moves (its planned end,
+       * capped at the lease's end, is past the cursor), refuse a batch that starts past the cursor
+       * and compare-and-set the cursor; keep the records inside a lease and at or after its cursor,
+       * write them; record the batch, commit. */
       ok = 1;
       t = (e < re -> e : re);
+      t3 = (e < re3 -> e : re3);
       if
       :: rv && t > rc ->
         if
@@ -368,6 +483,32 @@ batch:
         fi
       :: else -> skip
       fi;
+      if
+      :: rv3 && t3 > rc3 ->
+        if
+        :: s > rc3 ->
+          printf("@@ "); say(i); printf(" e%d: batch starts at %d past cursor %d: refused\n", ep, s, rc3);
+          ok = 0
+        :: else -> skip
+        fi;
+        if
+        :: !(l_valid[BCONT] && l_cur[BCONT] == rc3) ->
+          printf("@@ "); say(i); printf(" e%d: cursor moved away from %d: CAS lost\n", ep, rc3);
+          ok = 0
+        :: else -> skip
+        fi
+      :: else -> skip
+      fi;
+#if WATCH7
+      /* an executor-side sink's tasks get ONE range per partition (protocol._task_ranges) */
+      if
+      :: rv && t > rc && rv3 && t3 > rc3 && rc3 > t ->
+        printf("@@ VIOLATION one_task_range: "); say(i);
+        printf(" e%d's batch [%d,%d) applies [%d,%d) and [%d,%d)\n", ep, s, e, rc, t, rc3, t3);
+        one_task_range = 0
+      :: else -> skip
+      fi;
+#endif
       if
       :: ok ->
         if
@@ -392,12 +533,27 @@ batch:
           printf("@@   cursor: %d -> %d\n", rc, t)
         :: else -> skip
         fi;
+        if
+        :: rv3 && t3 > rc3 ->
+          for (o : rc3 .. t3 - 1) {
+            if
+            :: o >= s && o >= l_start[BCONT] ->
+              printf("@@   applies offset %d\n", o);
+              apply(i, o)
+            :: else -> skip
+            fi
+          }
+          l_cur[BCONT] = t3;
+          printf("@@   cursor of [%d,...): %d -> %d\n", l_start[BCONT], rc3, t3)
+        :: else -> skip
+        fi;
         if :: ist[i] == STARTING -> ist[i] = ACTIVE :: else -> skip fi;
+        recompute_caps();
         check_all()
       :: else -> skip
       fi;
       lockh[i] = 0;
-      rv = 0; rc = 0; re = 0; o = 0; t = 0;
+      rv = 0; rc = 0; re = 0; rv3 = 0; rc3 = 0; re3 = 0; o = 0; t = 0; t3 = 0;
       if
       :: !ok -> goto gone    /* SourceGapError or CursorConflictError: the attempt ends */
       :: else -> ok = 0
@@ -409,7 +565,10 @@ batch:
 
   /* Spark writes commits/N */
   if
-  :: atomic { ck[i] = CK_DONE; ck_s[i] = 0; ck_e[i] = e; pos = e; s = 0; e = 0 }
+  :: atomic {
+      ck[i] = CK_DONE; ck_s[i] = 0; ck_e[i] = e; pos = e; s = 0; e = 0;
+      check_stranded(); CHECK6
+    }
   CRASH(gone)   /* crash before commits/N: the next attempt replays the batch (a no-op) */
   fi;
   goto plan;
@@ -418,7 +577,8 @@ gone:
   /* the process is gone; the database rolls back its open transaction and releases its lock */
   atomic {
     if :: lockh[i] == _pid + 1 -> lockh[i] = 0 :: else -> skip fi;
-    ep = 0; s = 0; e = 0; pos = 0; o = 0; t = 0; ok = 0; rv = 0; rc = 0; re = 0
+    ep = 0; s = 0; e = 0; pos = 0; o = 0; t = 0; t3 = 0; ok = 0; rv = 0; rc = 0; re = 0;
+    rv3 = 0; rc3 = 0; re3 = 0
   }
 }
 
@@ -467,18 +627,38 @@ inline PLAN_RECOVERY() {
   fi
 }
 
-/* relay upgrade: blue -> green with an exact handoff at H; or abort before green commits. */
+/* relay upgrade: green as a warm standby, the handoff at H, then forward (blue drains to H and
+ * stops) or abort (before or after green committed) while blue has not stopped. */
 #undef CRASH_SAY
 #define CRASH_SAY printf("@@ the upgrade process crashes\n")
 proctype Upgrade() {
   byte c0;
-  byte H;
+  byte H = OPEN;        /* the handoff offset, once the handoff committed */
+  byte X;               /* green's cursor, as the abort read it */
   bit touched;
 
 end_wait:
   atomic { op == OP_NONE && ist[BLUE] == ACTIVE -> op = OP_UPGRADE; printf("@@ upgrade opened\n") }
 
-  /* _handoff, ONE transaction. Part 1: (lock blue's row and) read blue's open lease. */
+  /* start_green: green is created STANDBY without a lease and submitted; its attempts may start,
+   * and their source holds (plans nothing) until a lease exists. Blue runs on uncapped. */
+  if
+  :: atomic {
+      ist[GREEN] = STANDBY; launched[GREEN] = 1;
+      recompute_caps();
+      printf("@@ green created as a warm standby (no lease) and submitted\n")
+    }
+  CRASH(up_end)   /* crash */
+  fi;
+
+  /* green READY, or a failed launch or READY wait: abort before the handoff */
+  if
+  :: goto abort
+  :: skip
+  fi;
+
+  /* _handoff, ONE transaction. Part 1: (lock blue's row and) read blue's open lease; refuse unless
+   * blue is ACTIVE and green READY (a standby: only the abort, in this process, fences it). */
   if
 #if defined(NO_ROW_LOCK) || defined(NO_HANDOFF_LOCK)
   :: atomic {
@@ -489,8 +669,8 @@ end_wait:
   :: atomic {
       lockh[BLUE] == 0 -> lockh[BLUE] = _pid + 1;
       if
-      :: ist[BLUE] != ACTIVE ->
-        printf("@@ handoff: blue is no longer ACTIVE, nothing changed\n");
+      :: ist[BLUE] != ACTIVE || ist[GREEN] != STANDBY ->
+        printf("@@ handoff refused (blue not ACTIVE or green not READY): nothing changed\n");
         goto up_end
       :: else -> skip
       fi;
@@ -500,11 +680,15 @@ end_wait:
 #endif
   CRASH(up_end)   /* crash */
   fi;
-  /* Part 2: choose H, close blue's lease at H, open green's at H, blue DRAINING; commit. */
+  /* Part 2: choose H, close blue's lease at H, open green's at H, green STARTING, blue DRAINING;
+   * commit. */
   if
   :: atomic {
-      /* H: Kafka's latest offset at handoff time, or an explicit one: never below the cursor read */
+      /* H: an explicit offset (never below the cursor read), or Kafka's latest offset */
       H = c0;
+#ifdef HANDOFF_LATEST
+      if :: latest > H -> H = latest :: else -> skip fi;
+#endif
       do
       :: H < N -> H++
       :: break
@@ -523,13 +707,13 @@ end_wait:
       l_valid[1] = 1; l_inst[1] = GREEN; l_start[1] = H; l_end[1] = OPEN; l_cur[1] = H;
       ist[GREEN] = STARTING;
       ist[BLUE] = DRAINING;
-      ghostH = H; h_active = 1;
+      ghostH = H; ghostX = OPEN;
       printf("@@ handoff commits: blue's lease closed at H=%d (its cursor is now %d), green opens [%d,...)\n",
              H, l_cur[0], H);
       if
       :: blue_reach > H ->
-        printf("@@ VIOLATION blue_below_H: blue already applied up to %d, past H=%d\n", blue_reach, H);
-        blue_below_H = 0
+        printf("@@ VIOLATION blue_outside_green: blue already applied up to %d, past H=%d\n", blue_reach, H);
+        blue_outside_green = 0
       :: else -> skip
       fi;
       if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
@@ -541,57 +725,87 @@ end_wait:
   fi;
 
   if
-  :: launched[GREEN] = 1    /* green submitted */
-  CRASH(up_end)            /* crash */
-  fi;
-
-  if
+  :: goto abort   /* the cutover gate failed (blue has not stopped) */
   :: atomic {
-      /* a gate failed before green committed: _abort. First fence green: an UPDATE of green's row,
-       * which waits for an in-flight commit of green (that holds the row lock). */
-      lockh[GREEN] == 0 -> ist[GREEN] = FENCED; printf("@@ abort: green fenced\n")
-    }
-    /* the abort transaction: read green's lease, ... */
-    if
-    :: atomic {
-        touched = (l_valid[1] && l_cur[1] != l_start[1]);
-        printf("@@ abort reads green's lease: touched=%d\n", touched)
-      }
-    CRASH(up_end)   /* crash */
-    fi;
-    /* ... delete it (unless green committed: then only forward), reopen blue's lease, commit */
-    if
-    :: atomic {
-        if
-        :: touched -> printf("@@ abort: green committed, the upgrade must go forward\n"); goto up_end
-        :: else -> skip
-        fi;
-        l_valid[1] = 0;
-        if :: l_end[0] == ghostH -> l_end[0] = OPEN :: else -> skip fi;
-        if :: ist[BLUE] == DRAINING -> ist[BLUE] = ACTIVE :: else -> skip fi;
-        h_active = 0;
-        op = OP_NONE;
-        printf("@@ abort commits: green's lease deleted, blue's lease reopened\n");
-        recompute_caps();
-        check_all()
-      }
-    CRASH(up_end)   /* crash: rolled back */
-    fi
-  :: atomic {
-      /* green committed: blue drains [cursor, H) ... */
+      /* green passed the gate: blue drains [cursor, H) ... */
       l_cur[0] >= l_end[0] -> printf("@@ blue drained up to %d\n", l_end[0])
     }
     /* ... and is stopped */
     if
     :: atomic { lockh[BLUE] == 0 -> ist[BLUE] = STOPPED; op = OP_NONE; printf("@@ upgrade done: blue stopped\n") }
     CRASH(up_end)   /* crash */
-    fi
+    fi;
+    goto up_end
   CRASH(up_end)     /* crash (or blue never drains) */
+  fi;
+
+abort:
+  /* _abort. First fence green: an UPDATE of green's row, which waits for an in-flight commit of
+   * green (that holds the row lock); from here on green's commits are refused. */
+  atomic { lockh[GREEN] == 0 -> ist[GREEN] = FENCED; printf("@@ abort: green fenced\n") }
+  /* the abort transaction: read green's lease, ... */
+  if
+  :: atomic {
+      touched = (l_valid[1] && l_cur[1] != l_start[1]);
+      X = (touched -> l_cur[1] : 0);
+      printf("@@ abort reads green's lease: touched=%d, cursor %d\n", touched, l_cur[1])
+    }
+  CRASH(up_end)   /* crash */
+  fi;
+  /* ... delete it if untouched, else close it at its cursor X (green keeps [H, X)); blue's lease
+   * closed at H: reopen it, or (green applied [H, X)) open a new one [X, ...) for blue; blue
+   * DRAINING -> ACTIVE; commit */
+  if
+  :: atomic {
+      if
+      :: l_valid[1] && !touched -> l_valid[1] = 0
+      :: l_valid[1] && touched ->
+        /* close_lease: compare-and-set on the cursor read */
+        if
+        :: l_cur[1] != X || l_end[1] != OPEN ->
+          printf("@@ abort: green's cursor moved from %d: CAS lost, rolled back\n", X);
+          goto up_end
+        :: else -> skip
+        fi;
+        l_end[1] = X
+      :: else -> skip
+      fi;
+      if
+      :: l_valid[0] && l_end[0] == H && H != OPEN ->
+#ifdef ABORT_REOPENS
+        l_end[0] = OPEN
+#else
+        if
+        :: touched ->
+          l_valid[BCONT] = 1; l_inst[BCONT] = BLUE; l_start[BCONT] = X; l_end[BCONT] = OPEN; l_cur[BCONT] = X
+        :: else -> l_end[0] = OPEN
+        fi
+#endif
+      :: else -> skip
+      fi;
+      if :: ist[BLUE] == DRAINING -> ist[BLUE] = ACTIVE :: else -> skip fi;
+      if :: ghostH != OPEN -> ghostX = (touched -> X : ghostH) :: else -> skip fi;
+      op = OP_NONE;
+      if
+      :: H == OPEN -> printf("@@ abort commits before the handoff: blue untouched\n")
+      :: H != OPEN && !touched -> printf("@@ abort commits: green's lease deleted, blue's lease reopened\n")
+      :: H != OPEN && touched ->
+#ifdef ABORT_REOPENS
+        printf("@@ abort commits: green keeps [%d,%d), blue's lease REOPENED at its cursor %d\n", H, X, l_cur[0])
+#else
+        printf("@@ abort commits: green keeps [%d,%d); blue's lease stays closed at %d (cursor %d), blue opens [%d,...)\n",
+               H, X, H, l_cur[0], X)
+#endif
+      fi;
+      recompute_caps();
+      check_all()
+    }
+  CRASH(up_end)   /* crash: rolled back */
   fi;
 up_end:
   atomic {
     if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
-    c0 = 0; H = 0; touched = 0
+    c0 = 0; H = 0; X = 0; touched = 0
   }
 }
 
@@ -705,7 +919,7 @@ init {
     /* blue is deployed: STARTING with one open lease [0, ...), submitted */
     ist[BLUE] = STARTING;
     l_valid[0] = 1; l_inst[0] = BLUE; l_start[0] = 0; l_end[0] = OPEN; l_cur[0] = 0;
-    l_end[1] = OPEN; l_end[2] = OPEN;
+    l_end[1] = OPEN; l_end[2] = OPEN; l_end[BCONT] = OPEN;
     launched[BLUE] = 1;
     budget[BLUE] = BLUE_ATTEMPTS; budget[GREEN] = GREEN_ATTEMPTS; budget[REC] = REC_ATTEMPTS;
     recompute_caps();

@@ -313,8 +313,10 @@ class DriverRuntime:
     def _batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch: the batch's planned range from the checkpoint (``offsets/N``, N-1 for its start)."""
         started = time.time()
-        if self.ledger.instance(self.instance.id).state.standby:
-            return  # a standby's source holds, so this batch is empty: nothing to apply or record
+        state = self.ledger.instance(self.instance.id).state
+        if state.standby:  # the source holds, so this batch is empty: nothing to apply or record
+            self.ledger.mark_ready(self.instance.id)  # the query runs and plans: warm
+            return
         if self.batch_delay:
             time.sleep(self.batch_delay)  # a version built slow on purpose (tests of the cutover gate)
         ckpt = self.instance.checkpoint_dir

@@ -21,7 +21,14 @@ from rich.table import Table
 WIDE = 240  # columns when stdout is not a terminal
 TIME_KEYS = ("_at", "started", "ended", "created", "heartbeat")
 LEVEL_STYLE = {"OK": "green", "WARN": "yellow", "CRITICAL": "bold red", "ERROR": "bold red"}
-STATE_STYLE = {"ACTIVE": "green", "DRAINING": "yellow", "FAILED": "red", "FENCED": "red"}
+STATE_STYLE = {
+    "STANDBY": "cyan",
+    "READY": "cyan",
+    "ACTIVE": "green",
+    "DRAINING": "yellow",
+    "FAILED": "red",
+    "FENCED": "red",
+}
 
 
 def iso_time(value: Any) -> str:

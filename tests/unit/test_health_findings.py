@@ -191,3 +191,24 @@ def test_retention_age_comes_from_the_record_timestamp_not_a_burst_dominated_rat
     assert p0["time_left_s"] == pytest.approx(3595, abs=1)
     assert p0["cursor_age_method"] == "record_timestamp" and p0["cursor_age_s"] == pytest.approx(5, abs=0.5)
     assert report.check("retention").level is Level.OK
+
+
+def test_a_warm_standby_next_to_blue_is_an_upgrade_not_a_second_instance(config, ledger, kafka):
+    """During an upgrade's warm-up green (STANDBY, then READY, no leases) runs beside an ACTIVE blue."""
+    blue = new_instance(ledger, InstanceState.ACTIVE)
+    green = new_instance(ledger, InstanceState.STANDBY, version="v2", color=Color.GREEN, leases=False)
+    for inst in (blue, green):
+        attempt = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+        ledger.set_attempt_app(attempt.id, f"app-{inst.id}")
+    kafka.latest_offsets = {0: 0, 1: 0}
+    for state in (InstanceState.STANDBY, InstanceState.READY):
+        ledger.set_instance(green.id, state=state)
+        check = run_health(config, ledger, inventory=running(ledger, blue, green), persist=False).check(
+            "single_instance"
+        )
+        assert check.level is not Level.CRITICAL, (state, check.message)
+        assert check.data["upgrade_in_progress"]
+    # Two ACTIVE instances are still what they are: a second copy.
+    ledger.set_instance(green.id, state=InstanceState.ACTIVE)
+    two = run_health(config, ledger, inventory=running(ledger, blue, green), persist=False)
+    assert two.check("single_instance").level is Level.CRITICAL

@@ -20,14 +20,14 @@ def instance_of_app(pipeline: str, name: str) -> int | None:
 
 
 def is_upgrade(live: list[Instance]) -> bool:
-    """Two live instances are expected while one drains and the other starts or runs (blue/green)."""
+    """Two live instances are expected during an upgrade: green warming up as a standby (STANDBY,
+    READY) next to an ACTIVE blue, or blue draining while green starts or runs."""
     states = sorted(i.state.value for i in live)
-    return (
-        len(live) == 2
-        and "DRAINING" in states
-        and ("ACTIVE" in states or "STARTING" in states)
-        and states[0] != states[1]
-    )
+    if len(live) != 2 or states[0] == states[1]:
+        return False
+    warming = "ACTIVE" in states and ("STANDBY" in states or "READY" in states)
+    handing = "DRAINING" in states and ("ACTIVE" in states or "STARTING" in states)
+    return warming or handing
 
 
 def live_attempts(

@@ -241,7 +241,7 @@ def timeline(
     """Instances as lanes over time, operations (with H and versions) and gaps as events."""
     lanes = []
     for inst in instances:
-        live = inst["state"] in ("STARTING", "ACTIVE", "DRAINING")
+        live = inst["state"] in ("STANDBY", "READY", "STARTING", "ACTIVE", "DRAINING")
         end = now if live else float(inst["updated_at"])
         if end < since:
             continue
