@@ -17,7 +17,10 @@ The steps of `relay recover` (`relay.operations.recover`, `recover_steps`), one 
   `{"chosen_options": ["Approve"]}`); the body shows the plan. **Approve**: the recovery runs.
   **Reject**: the later tasks are skipped and nothing changes. No answer within 24 h: rejected.
   `pre_approved` true is an automated caller's explicit approval: the task succeeds at once without
-  asking anybody and says so in its log and XCom.
+  asking anybody and says so in its log and XCom. An automated caller answering through the API
+  within seconds of the pause can hit an Airflow 3.3.2 scheduler race (apache/airflow #67287,
+  #71580): the answered task ends `failed`, nothing is executed and the ledger is unchanged; answer
+  after the scheduler logged the parked task's end (`state=awaiting_input`), or trigger again.
 * **execute**: open the recovery in the ledger (refused if retention took more than the approved
   plan declares lost), stop whatever runs and verify none runs (Spark master's REST view), archive
   the old checkpoints (renamed, never deleted), record lost and skipped ranges as gaps with `reason`,

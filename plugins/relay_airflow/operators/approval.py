@@ -4,6 +4,15 @@ Airflow 3's human-in-the-loop ``ApprovalOperator`` with the plan as its body (sh
 *Required actions* in the UI, and by the REST API's ``hitlDetails``). Approve: the recovery runs.
 Reject: this task and every task after it are skipped and the ledger is untouched. Nobody answers within
 ``response_timeout``: the default, Reject, is taken.
+
+Answering within seconds of the request (an automated caller; a person is slower) can end this task
+``failed`` with the answer recorded, whatever it was: Airflow 3.3.2's scheduler takes the executor's
+report of the worker that parked the task (same key, same try) for the resumed attempt, and ignores it
+only while that attempt is still ``scheduled`` (airflow/jobs/scheduler_job_runner.py:1476-1494;
+apache/airflow #67287, #72716). The later tasks are then ``upstream_failed``: nothing was executed and
+the ledger is untouched; trigger a new run. A caller of the REST API answers once the scheduler has
+taken in that report (``TaskInstance Finished: ... task_id=approve ... state=awaiting_input`` in its
+log), as ``tests/integration/test_airflow_dags.py`` does.
 """
 
 from __future__ import annotations
@@ -77,9 +86,9 @@ class RecoveryApprovalOperator(ApprovalOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         """Reject skips this task, and with it every task after it (their trigger rule is all_success).
 
-        Skipping here, rather than ``ApprovalOperator``'s ``SkipMixin.skip`` of the downstream tasks,
-        keeps the resumed task on Airflow's plain skip path: with the downstream skip, a rejected run
-        sometimes ended with this task failed (seen twice under load, with Airflow 3.3.2).
+        ``ApprovalOperator`` would succeed and skip only the downstream tasks (``SkipMixin.skip``);
+        skipping this task too shows a rejected plan as skipped at a glance. (The resumed task that
+        sometimes ended failed was not caused by either way of skipping: see the module's doc.)
         """
         answered = HITLOperator.execute_complete(self, context=context, event=event)
         chosen = answered["chosen_options"][0]
