@@ -133,3 +133,17 @@ def run_dag_test(config: RelayConfig, dag_id: str, conf: dict) -> tuple[str, str
     """``dag.test(run_conf=conf)`` in a subprocess; returns (final run state, the run's output)."""
     done = dag_test(config, dag_id, conf)
     return done.state, done.output
+
+
+def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], str]:
+    """Which version applied each (partition, offset) of the counter job (its messages table)."""
+    from relay.ledger import schema as s
+    from sqlalchemy import select
+
+    with ledger.tx() as conn:
+        rows = conn.execute(
+            select(s.messages.c.partition, s.messages.c.offset, s.messages.c.version).where(
+                s.messages.c.pipeline == pipeline
+            )
+        ).all()
+    return {(p, o): v for p, o, v in rows}

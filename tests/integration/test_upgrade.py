@@ -14,7 +14,6 @@ from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import OperationError
 from relay.launcher import driver_running, spark_client
-from relay.ledger import schema as s
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
@@ -23,10 +22,9 @@ from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
 from relay.producer import produce
 from relay_dev.airflow_local import config_env, ensure_airflow_db
-from sqlalchemy import select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, dag_test, start_rogue_app
+from tests.integration.helpers import caught_up, dag_test, start_rogue_app, versions_by_offset
 
 pytestmark = pytest.mark.integration
 
@@ -39,16 +37,6 @@ def cfg(stack: RelayConfig) -> RelayConfig:
 
 def _result_of(op: dict) -> dict:
     return {"state": op["state"], **op["data"]}
-
-
-def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], str]:
-    with ledger.tx() as conn:
-        rows = conn.execute(
-            select(s.messages.c.partition, s.messages.c.offset, s.messages.c.version).where(
-                s.messages.c.pipeline == pipeline
-            )
-        ).all()
-    return {(p, o): v for p, o, v in rows}
 
 
 def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_config: RelayConfig) -> None:

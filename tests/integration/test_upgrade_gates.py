@@ -26,7 +26,7 @@ from relay.producer import produce
 from sqlalchemy import select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up
+from tests.integration.helpers import caught_up, versions_by_offset
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +52,6 @@ class Load:
     def __exit__(self, *_: object) -> None:
         self._on.clear()
         self._thread.join()
-
-
-def applied_versions(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], str]:
-    with ledger.tx() as conn:
-        rows = conn.execute(
-            select(s.messages.c.partition, s.messages.c.offset, s.messages.c.version).where(
-                s.messages.c.pipeline == pipeline
-            )
-        ).all()
-    return {(p, o): v for p, o, v in rows}
 
 
 def blue_rows_between(ledger: Ledger, instance_id: int, start: float, end: float) -> int:
@@ -101,7 +91,7 @@ def check_every_offset(cfg: RelayConfig, ledger: Ledger, produced: int, *ops: di
     report = audit(cfg, ledger, deep=True)
     assert report.ok and report.message_count == produced, report.to_json()
     version = expected_versions(*ops)
-    applied = applied_versions(ledger, cfg.pipeline)
+    applied = versions_by_offset(ledger, cfg.pipeline)
     assert [(p, o, v) for (p, o), v in applied.items() if v != version(p, o)] == []
 
 
