@@ -32,6 +32,7 @@ from driver_checks import (
     check_data_loss,
     crash_loop,
     starting_offsets,
+    warm_up_executors,
 )
 from relay.checkpoint import planned_offsets
 from relay.errors import ConfigError, DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
@@ -151,10 +152,9 @@ class DriverRuntime:
         raise NotImplementedError
 
     def warm_up(self, spark: Any) -> None:
-        """A warm standby starts the executors' Python workers before it reports READY, so its first
-        batch after the handoff does not wait for them (worker reuse keeps them)."""
-        n = max(int(spark.sparkContext.defaultParallelism), 1)
-        spark.range(0, n, 1, n).mapInArrow(lambda batches: batches, "id long").count()
+        """A warm standby's executors get their Python workers and the source's Kafka consumer
+        before it reports READY (:func:`driver_checks.warm_up_executors`)."""
+        warm_up_executors(spark, self.source_options())
 
     def read_limits(self) -> tuple[int, float]:
         """(maxOffsetsPerTrigger, trigger seconds) of the query."""
@@ -274,23 +274,23 @@ class DriverRuntime:
                 return
             time.sleep(0.5)
 
-    def source_stream(self, spark: Any) -> Any:
+    def source_options(self) -> dict[str, str]:
         """Relay's Kafka source inside the instance's leases (caps and read limits in the source)."""
+        return {
+            "kafka.bootstrap.servers": self.args.bootstrap,
+            "subscribe": self.args.topic,
+            "startingOffsets": self._starting_offsets(),
+            "maxOffsetsPerTrigger": str(self.read_limits()[0]),
+            "failOnDataLoss": "true",
+            "relay.ledgerUrlEnv": LEDGER_URL_ENV,  # the name of the variable, not the URL
+            "relay.instanceId": str(self.instance.id),
+        }
+
+    def source_stream(self, spark: Any) -> Any:
         import kafka_source
 
         kafka_source.register(spark)
-        args, inst = self.args, self.instance
-        return (
-            spark.readStream.format("relaykafka")
-            .option("kafka.bootstrap.servers", args.bootstrap)
-            .option("subscribe", args.topic)
-            .option("startingOffsets", self._starting_offsets())
-            .option("maxOffsetsPerTrigger", str(self.read_limits()[0]))
-            .option("failOnDataLoss", "true")
-            .option("relay.ledgerUrlEnv", LEDGER_URL_ENV)  # the name of the variable, not the URL
-            .option("relay.instanceId", str(inst.id))
-            .load()
-        )
+        return spark.readStream.format("relaykafka").options(**self.source_options()).load()
 
     def _starting_offsets(self) -> str:
         """Where a fresh checkpoint starts: the leases' cursors; for a standby (no lease yet) earliest,

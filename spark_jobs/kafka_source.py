@@ -28,6 +28,7 @@ from typing import Any
 
 import kafka_offsets_plan
 import kafka_source_options
+from kafka_consumer_pool import drop_consumer, pooled_consumer
 from kafka_offsets_plan import (
     EARLIEST,
     LATEST,
@@ -293,7 +294,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         s = self.settings
         schema = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
         tp = TopicPartition(partition.topic, partition.partition)
-        consumer = _pooled_consumer(s, KafkaConsumer)
+        consumer = pooled_consumer(s, KafkaConsumer)
         healthy = False
         try:
             consumer.assign([tp])
@@ -349,37 +350,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise KafkaError(f"reading {tp.topic}[{tp.partition}] failed: {exc}") from exc
         finally:
             if not healthy:  # never reuse a consumer in an unknown state
-                _drop_consumer(s, consumer)
-
-
-# Python workers are reused across tasks and batches: keeping one consumer per worker saves the
-# connection and API-version handshake of a new client on every partition of every batch.
-_CONSUMERS: dict[tuple[tuple[str, str], ...], Any] = {}
-
-
-def _pool_key(settings: SourceSettings) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, repr(v)) for k, v in settings.consumer_config("relay-kafka-source").items()))
-
-
-def _pooled_consumer(settings: SourceSettings, consumer_class: Any) -> Any:
-    key = _pool_key(settings)
-    consumer = _CONSUMERS.get(key)
-    if consumer is None:
-        consumer = consumer_class(
-            **settings.consumer_config("relay-kafka-source"),
-            max_poll_records=10_000,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-        )
-        _CONSUMERS[key] = consumer
-    return consumer
-
-
-def _drop_consumer(settings: SourceSettings, consumer: Any) -> None:
-    _CONSUMERS.pop(_pool_key(settings), None)
-    try:
-        consumer.close(autocommit=False)
-    except Exception:  # noqa: BLE001 - closing a broken client must not hide the original error
-        log.debug("closing a broken consumer failed", exc_info=True)
+                drop_consumer(s, consumer)
 
 
 def _to_record_batch(pa: Any, schema: Any, topic: str, partition: int, cols: tuple[list[Any], ...]) -> Any:
