@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import kafka_consumer_pool
 import kafka_offsets_plan
 import kafka_source_options
 from kafka_consumer_pool import drop_consumer, pooled_consumer
@@ -378,6 +379,6 @@ def register(spark: Any) -> None:
     """
     from pyspark import cloudpickle
 
-    for module in (kafka_offsets_plan, kafka_source_options, sys.modules[__name__]):
+    for module in (kafka_offsets_plan, kafka_source_options, kafka_consumer_pool, sys.modules[__name__]):
         cloudpickle.register_pickle_by_value(module)  # its helper modules too: same reason
     spark.dataSource.register(KafkaDataSource)

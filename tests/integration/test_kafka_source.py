@@ -405,6 +405,8 @@ def _reader(bootstrap: str, topic: str, **options: str) -> ks.KafkaStreamReader:
 class _Guard:
     stop_requested: bool
     caps: dict[str, dict[int, int]]
+    floors: dict[str, dict[int, int]] = field(default_factory=dict)
+    hold: bool = False
 
 
 def test_guard_stop_and_caps(
@@ -450,6 +452,15 @@ def test_guard_stop_and_caps(
 
     guard = _Guard(stop_requested=True, caps={})
     assert reader.latestOffset(start, ReadAllAvailable()) is start
+
+    # A warm standby holds; once leased from H its reads start at its floor, not at Spark's start.
+    guard = _Guard(stop_requested=False, caps={}, hold=True)
+    assert reader.latestOffset(start, ReadAllAvailable()) is start
+    guard = _Guard(stop_requested=False, caps={}, floors={topic: {0: 90, 1: 100, 2: 30}})
+    end = reader.latestOffset(start, ReadMaxRows(30))
+    assert end == {topic: {"0": 93, "1": 100, "2": 56}}, "the limit (30) counts from the floors"
+    parts = [(p.partition, p.start, p.end) for p in reader.partitions(start, end)]
+    assert parts == [(0, 90, 93), (2, 30, 56)], "nothing below a floor is read"
 
 
 def test_reader_offsets_limits_and_read(broker_ks: str, admin_ks: KafkaAdminClient) -> None:
