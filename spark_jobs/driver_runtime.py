@@ -140,6 +140,9 @@ class DriverRuntime:
         self.zombie: ZombieAttemptError | None = None
         self.stop_signal = False
         self.batch_delay = batch_delay()
+        # A standby's batches are empty until the handoff; after it an instance is never a standby
+        # again, so only a standby's batches ask the ledger (no extra read on a running pipeline's).
+        self.standby = self.instance.state.standby
 
     # ------------------------------------------------------------------ what a driver says
     def before_query(self, spark: Any) -> None:
@@ -313,8 +316,9 @@ class DriverRuntime:
     def _batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch: the batch's planned range from the checkpoint (``offsets/N``, N-1 for its start)."""
         started = time.time()
-        state = self.ledger.instance(self.instance.id).state
-        if state.standby:  # the source holds, so this batch is empty: nothing to apply or record
+        if self.standby:
+            self.standby = self.ledger.instance(self.instance.id).state.standby
+        if self.standby:  # the source holds, so this batch is empty: nothing to apply or record
             self.ledger.mark_ready(self.instance.id)  # the query runs and plans: warm
             return
         if self.batch_delay:

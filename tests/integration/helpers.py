@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 
 from relay.artifacts import artifact
@@ -13,6 +14,7 @@ from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_args, driver_environment, spark_client, submission_environment
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
+from relay.producer import produce
 from relay.spark_rest import driver_properties
 from relay_dev.airflow_local import airflow_env
 
@@ -147,3 +149,26 @@ def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], s
             )
         ).all()
     return {(p, o): v for p, o, v in rows}
+
+
+class Load:
+    """Counter messages at 50/s on a thread for as long as the block runs; counts what it sent."""
+
+    def __init__(self, cfg: RelayConfig) -> None:
+        self.cfg, self.sent, self._on = cfg, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while self._on.is_set():
+            self.sent += produce(
+                self.cfg.kafka_bootstrap, self.cfg.topic, 50, 50.0, partitions=self.cfg.partitions
+            )["sent"]
+
+    def __enter__(self) -> Load:
+        self._on.set()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._on.clear()
+        self._thread.join()

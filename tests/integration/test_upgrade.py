@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import uuid
 
 import pytest
@@ -24,7 +23,7 @@ from relay.producer import produce
 from relay_dev.airflow_local import config_env, ensure_airflow_db
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, dag_test, start_rogue_app, versions_by_offset
+from tests.integration.helpers import Load, caught_up, dag_test, start_rogue_app, versions_by_offset
 
 pytestmark = pytest.mark.integration
 
@@ -47,20 +46,8 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     build_artifact(cfg, "v2")
 
     # Messages keep coming (50/s) during the whole upgrade, green's warm-up included.
-    upgrading, sent = threading.Event(), []
-
-    def load() -> None:
-        while upgrading.is_set():
-            sent.append(produce(cfg.kafka_bootstrap, cfg.topic, 100, 50.0, partitions=cfg.partitions)["sent"])
-
-    upgrading.set()
-    producer = threading.Thread(target=load)
-    producer.start()
-    try:
+    with Load(cfg) as load:
         result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)
-    finally:
-        upgrading.clear()
-        producer.join()
     assert result["state"] == UpgradeState.DONE.value, result
     assert result["duplicates"] == 0 and result["gaps"] == 0
     assert [h["state"] for h in result["history"]] == [
@@ -76,7 +63,7 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
 
     report = audit(cfg, ledger)
-    assert report.ok and report.message_count == 1000 + sum(sent), report.to_json()
+    assert report.ok and report.message_count == 1000 + load.sent, report.to_json()
     handoff = {int(p): o for p, o in result["handoff"].items()}
     by_offset = versions_by_offset(ledger, cfg.pipeline)
     wrong = [(p, o, v) for (p, o), v in by_offset.items() if v != ("v1" if o < handoff[p] else "v2")]

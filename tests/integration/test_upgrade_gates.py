@@ -7,7 +7,6 @@ upgrade then a rollback to the previous version, each with the same warm, exact 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -26,32 +25,9 @@ from relay.producer import produce
 from sqlalchemy import select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, versions_by_offset
+from tests.integration.helpers import Load, caught_up, versions_by_offset
 
 pytestmark = pytest.mark.integration
-
-
-class Load:
-    """Counter messages at 50/s on a thread for as long as the block runs; counts what it sent."""
-
-    def __init__(self, cfg: RelayConfig) -> None:
-        self.cfg, self.sent, self._on = cfg, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        while self._on.is_set():
-            self.sent += produce(
-                self.cfg.kafka_bootstrap, self.cfg.topic, 50, 50.0, partitions=self.cfg.partitions
-            )["sent"]
-
-    def __enter__(self) -> Load:
-        self._on.set()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._on.clear()
-        self._thread.join()
 
 
 def blue_rows_between(ledger: Ledger, instance_id: int, start: float, end: float) -> int:

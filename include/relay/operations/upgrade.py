@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 
 from relay.artifacts import artifact, build_artifact, validate_version
 from relay.config import RelayConfig
-from relay.errors import ConfigError, OperationError
+from relay.errors import OperationError
 from relay.launcher import FirstCommitWait, driver_running
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps as steps
 from relay.operations.inventory import take_inventory
+from relay.operations.upgrade_state import check_gates
+from relay.operations.upgrade_state import noop as _noop
 from relay.operations.upgrade_steps import (  # re-exported: the upgrade's public names
     ALL_TERMINAL,
     TERMINAL,
+    Progress,
     UpgradeState,
     parse_handoff,
 )
@@ -33,17 +35,13 @@ from relay.operations.waits import (
     DrainedWait,
     DriversStoppedWait,
     OnlyAppsWait,
+    WaitTimeout,
     wait_in_process,
 )
 
 __all__ = ["ALL_TERMINAL", "TERMINAL", "UpgradeState", "open_upgrade", "parse_handoff", "upgrade"]
 
-Progress = Callable[[str], None]
 RUN_KEYS = "run_keys"  # the callers' runs (Airflow DAG runs) that opened or resumed the upgrade
-
-
-def _noop(_: str) -> None:
-    pass
 
 
 def open_upgrade(
@@ -62,10 +60,7 @@ def open_upgrade(
     version), or a new one after the preflight. Returns the operation (its ``id`` drives the steps)."""
     validate_version(version)
     parse_handoff(handoff, config.topic)  # refuse a bad handoff before anything is read
-    if grace_s <= 0 or drain_timeout_s <= 0 or catchup_s <= 0:
-        raise ConfigError("grace, catch-up time and drain timeout must be positive")
-    if max_lag is not None and max_lag < 0:
-        raise ConfigError(f"max lag must be 0 or more records, got {max_lag}")
+    check_gates(grace_s, drain_timeout_s, catchup_s, max_lag)
     ledger = Ledger(config.ledger_url)
     if key:
         for op in ledger.operations(config.pipeline, "upgrade", 20):
@@ -199,13 +194,11 @@ def upgrade(
 
 def _wait_error(wait: FirstCommitWait | CaughtUpWait, timeout_s: float, what: str) -> str | None:
     """Wait here; None when the condition held, else why not (the driver's own error, or the gate)."""
-    deadline = time.time() + timeout_s
     try:
-        while wait.check() is None:
-            if time.time() > deadline:
-                why = wait.shortfall() if isinstance(wait, CaughtUpWait) else "not READY"
-                return f"green {what}: {why} after {timeout_s:.0f}s"
-            time.sleep(0.5)
+        wait_in_process(wait, timeout_s, what)
+    except WaitTimeout:
+        why = wait.shortfall() if isinstance(wait, CaughtUpWait) else "not READY"
+        return f"green {what}: {why} after {timeout_s:.0f}s"
     except OperationError as exc:
         return str(exc)
     return None

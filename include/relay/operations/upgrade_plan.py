@@ -10,7 +10,6 @@ expected handoff is "unknown (...)" and the rest of the plan stands.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.models import Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory, take_inventory
-from relay.operations.upgrade_state import ALL_TERMINAL, parse_handoff
+from relay.operations.upgrade_state import ALL_TERMINAL, check_gates, parse_handoff, resolved_max_lag
 
 KAFKA_TIMEOUT_S = 5.0  # a plan is read by a person waiting: an unreachable broker makes H unknown
 CONTRACT_FIELDS = ("pipeline", "topics", "sink", "sink_target", "key", "stateful", "driver", "secret_env")
@@ -95,20 +94,11 @@ def plan_upgrade(
 def _gates(
     config: RelayConfig, grace_s: float, drain_timeout_s: float, catchup_s: float, max_lag: int | None
 ) -> dict[str, Any]:
-    for name, value in (("grace", grace_s), ("drain timeout", drain_timeout_s), ("catch-up time", catchup_s)):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
-            raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
-    if max_lag is not None and (isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0):
-        raise ConfigError(f"max lag must be an integer >= 0 (records), got {max_lag!r}")
+    check_gates(grace_s, drain_timeout_s, catchup_s, max_lag)
     return {
         "grace_s": float(grace_s),
         "catchup_s": float(catchup_s),
-        "max_lag": config.max_offsets_per_trigger if max_lag is None else max_lag,
+        "max_lag": resolved_max_lag(config, max_lag),
         "max_lag_from": "RELAY_MAX_OFFSETS_PER_TRIGGER (one batch)" if max_lag is None else "given",
         "drain_timeout_s": float(drain_timeout_s),
     }

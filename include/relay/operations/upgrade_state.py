@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from enum import Enum
 
@@ -52,6 +53,25 @@ def parse_handoff(handoff: str, topic: str) -> dict[int, int] | None:
         raise ConfigError(
             f'handoff must be "latest" or JSON like {{"{topic}": {{"0": 42}}}}, got {handoff!r}'
         ) from exc
+
+
+def check_gates(grace_s: float, drain_timeout_s: float, catchup_s: float, max_lag: int | None) -> None:
+    """Refuse gates no upgrade could keep (ConfigError), before anything is read or changed."""
+    for name, value in (("grace", grace_s), ("drain timeout", drain_timeout_s), ("catch-up time", catchup_s)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+    if max_lag is not None and (isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0):
+        raise ConfigError(f"max lag must be an integer >= 0 (records), got {max_lag!r}")
+
+
+def resolved_max_lag(config: RelayConfig, max_lag: int | None) -> int:
+    """The cutover gate's lag bound in records (None: one batch, maxOffsetsPerTrigger)."""
+    return int(config.max_offsets_per_trigger if max_lag is None else max_lag)
 
 
 def result(op: dict) -> dict:

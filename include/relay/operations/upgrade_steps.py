@@ -48,6 +48,7 @@ from relay.operations.upgrade_state import (  # noqa: F401 - re-exported: the up
     in_state,
     noop,
     parse_handoff,
+    resolved_max_lag,
     result,
     seconds,
 )
@@ -197,9 +198,8 @@ def catchup_left(op: dict) -> float:
 
 
 def max_lag(config: RelayConfig, op: dict) -> int:
-    """The gate's lag bound in records (default: one batch, maxOffsetsPerTrigger)."""
-    bound = op["params"].get("max_lag")
-    return int(config.max_offsets_per_trigger if bound is None else bound)
+    """The gate's lag bound of this upgrade, in records."""
+    return resolved_max_lag(config, op["params"].get("max_lag"))
 
 
 def green_caught_up(

@@ -27,6 +27,10 @@ ONLY_APPS = "only_apps"
 WAITS = (FIRST_COMMIT, READY, CAUGHT_UP, DRAINED, DRIVERS_STOPPED, ONLY_APPS)
 
 
+class WaitTimeout(OperationError):
+    """The condition did not hold in time (the check itself never said it never will)."""
+
+
 class Wait(Protocol):
     def check(self) -> dict[str, Any] | None: ...
 
@@ -141,12 +145,12 @@ def make_wait(config: RelayConfig, ledger: Ledger, kind: str, args: dict[str, An
 
 
 def wait_in_process(wait: Wait, timeout_s: float, what: str, poll_s: float = 0.5) -> dict[str, Any]:
-    """The CLI's way: poll here until the condition holds; OperationError naming ``what`` on timeout."""
+    """The CLI's way: poll here until the condition holds; WaitTimeout naming ``what`` on timeout."""
     deadline = time.time() + timeout_s
     while True:
         done = wait.check()
         if done is not None:
             return done
         if time.time() > deadline:
-            raise OperationError(f"{what} did not happen within {timeout_s:.0f}s")
+            raise WaitTimeout(f"{what} did not happen within {timeout_s:.0f}s")
         time.sleep(poll_s)
