@@ -242,6 +242,35 @@ def test_a_dead_instance_is_named_not_reconciled(
     assert ledger.instance(dead.id).state is InstanceState.ACTIVE
 
 
+@pytest.mark.parametrize(
+    "setup",
+    [
+        [],
+        [("v1", InstanceState.ACTIVE), ("v2", InstanceState.STARTING)],
+        [("v2", InstanceState.ACTIVE)],
+        [("v1", InstanceState.DRAINING)],
+    ],
+    ids=["nothing", "two-live", "same-version", "not-active"],
+)
+def test_the_upgrade_refuses_with_the_plans_reasons_and_changes_nothing(
+    config: RelayConfig, ledger: Ledger, kafka: type[FakeKafka], setup: list[tuple[str, InstanceState]]
+) -> None:
+    """One judgement: what the plan lists as blocked is what the upgrade's preflight refuses with."""
+    from relay.errors import OperationError
+    from relay.operations.upgrade import upgrade
+
+    for version, state in setup:
+        blue(ledger, version, state)
+    blocked = plan_upgrade(config, "v2", local=True)["blocked"]
+    assert blocked
+    db = Path(config.ledger_url.removeprefix("sqlite:///"))
+    before = ledger_state(db)
+    with pytest.raises(OperationError) as err:
+        upgrade(config, "v2", local=True)
+    assert str(err.value) == "; ".join(blocked) + ". Nothing was changed."
+    assert ledger_state(db) == before
+
+
 # ---------------------------------------------------------------------------------- the handoff
 def test_an_unreachable_broker_makes_the_handoff_unknown_not_an_error(
     config: RelayConfig, ledger: Ledger, monkeypatch: pytest.MonkeyPatch

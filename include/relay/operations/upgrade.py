@@ -17,10 +17,10 @@ from relay.artifacts import artifact, build_artifact, validate_version
 from relay.config import RelayConfig
 from relay.errors import OperationError
 from relay.launcher import FirstCommitWait, driver_running
-from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps as steps
 from relay.operations.inventory import take_inventory
+from relay.operations.upgrade_plan import judge_blue
 from relay.operations.upgrade_state import check_gates
 from relay.operations.upgrade_state import noop as _noop
 from relay.operations.upgrade_steps import (  # re-exported: the upgrade's public names
@@ -100,18 +100,10 @@ def _preflight(
     progress: Progress,
 ) -> dict:
     inv = take_inventory(config, ledger)
-    if inv.master_error and not local:
-        raise OperationError(f"cannot check the Spark master: {inv.master_error}")
-    if len(inv.live) != 1 or inv.unknown_apps or (not local and len(inv.apps) != 1):
-        raise OperationError(
-            f"an upgrade needs exactly one running instance of {config.pipeline}, "
-            f"found: {inv.describe()}. Nothing was changed."
-        )
-    blue = inv.live[0]
-    if blue.state is not InstanceState.ACTIVE:
-        raise OperationError(f"instance {blue.id} is {blue.state.value}, not ACTIVE: nothing was changed")
-    if blue.version == version:
-        raise OperationError(f"instance {blue.id} already runs version {version}")
+    blocked: list[str] = []
+    blue = judge_blue(config, inv, local, version, blocked, [])
+    if blocked or blue is None:
+        raise OperationError("; ".join(blocked) + ". Nothing was changed.")
     if not artifact(config, version).exists():
         progress(f"building artifact {version} from the current code")
         build_artifact(config, version)

@@ -56,7 +56,7 @@ def plan_upgrade(
     inv = take_inventory(config, ledger, reconcile=False)
     blocked: list[str] = []
     warnings: list[str] = []
-    blue = _blue(config, inv, local, version, blocked, warnings)
+    blue = judge_blue(config, inv, local, version, blocked, warnings)
     for op in ledger.in_progress(config.pipeline, ALL_TERMINAL):
         blocked.append(in_progress_reason(op))
     target = artifact(config, version)
@@ -104,11 +104,11 @@ def _gates(
     }
 
 
-def _blue(
+def judge_blue(
     config: RelayConfig, inv: Inventory, local: bool, version: str, blocked: list[str], warnings: list[str]
 ) -> Instance | None:
-    """The instance the upgrade would replace (None when there isn't exactly one), as the preflight
-    judges it; the reasons it would refuse go to ``blocked``."""
+    """The instance the upgrade would replace (None when there isn't exactly one); the reasons an
+    upgrade must refuse go to ``blocked``. The plan shows them all; the preflight raises them."""
     if inv.master_error and not local:
         blocked.append(f"cannot check the Spark master: {inv.master_error}")
     if len(inv.live) != 1 or inv.unknown_apps or (not local and not inv.master_error and len(inv.apps) != 1):
