@@ -2,8 +2,9 @@
 
 Per micro-batch (the lifecycle is ``driver_runtime``'s):
 1. the batch's planned range from the checkpoint (``offsets/N``, and N-1 for its start);
-2. ``prepare_batch``: refuse a zombie, and compute from this instance's leases and cursors the
-   ranges a task may apply;
+2. ``prepare_tasks``: refuse a zombie, and compute from this instance's leases and cursors the
+   ranges a task may apply, and the dead predecessors of those ranges (``relay.predecessors``); the
+   sink fences each one once, before any task writes its range (Kafka also skips what it wrote);
 3. the transform, then ``mapInArrow``: every Spark task writes its rows through the sink
    (``ExecutorSink.write_task``, one fenced, idempotent sink transaction) and returns one row of
    counts; the driver collects only those (its memory does not depend on the batch size);
@@ -39,8 +40,15 @@ from relay.pipeline import (  # noqa: E402
     load_pipeline,
     secret_values,
 )
-from relay.pipeline_tasks import RESULT_SCHEMA, counts_from, partition_writer, sum_results  # noqa: E402
-from relay.protocol import Ranges, commit_cursors, prepare_batch  # noqa: E402
+from relay.pipeline_tasks import (  # noqa: E402
+    RESULT_SCHEMA,
+    counts_from,
+    partition_writer,
+    sum_results,
+    take_over_once,
+)
+from relay.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
+from relay.protocol import Ranges, commit_cursors, prepare_tasks  # noqa: E402
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext  # noqa: E402
 
 log = logging.getLogger("relay.pipeline")
@@ -86,6 +94,8 @@ class PipelineDriver(DriverRuntime):
         super().__init__(args)
         self.pipeline: Pipeline | None = None
         self.sink: ExecutorSink | ForEachBatch | None = None
+        self.predecessors = PredecessorCache()  # per lease, computed once
+        self.taken_over: set[tuple[str, int, int]] = set()  # (topic, partition, instance) fenced
 
     def read_limits(self) -> tuple[int, float]:
         p, args = self.pipeline, self.args
@@ -125,12 +135,15 @@ class PipelineDriver(DriverRuntime):
         self, df: Any, batch_id: int, start: Offsets | None, end: Offsets, started: float
     ) -> None:
         p, attempt = self.pipeline, self.attempt
-        ranges = prepare_batch(self.ledger, attempt, start, end)
+        ranges, predecessors = prepare_tasks(self.ledger, attempt, start, end, self.predecessors)
         out = p.transform(df)
         if isinstance(self.sink, ForEachBatch):
-            ctx = BatchContext(p.name, self.instance.id, attempt.epoch, batch_id, ranges, self._check_fence)
+            ctx = BatchContext(
+                p.name, self.instance.id, attempt.epoch, batch_id, ranges, self._check_fence, predecessors
+            )
             counts = counts_from(self.sink.fn(out.filter(range_filter(ranges)), ctx))
         else:
+            self._take_over(predecessors)
             ctx = TaskContext(p.name, self.instance.id, attempt.epoch, batch_id, ranges)
             tasks = out.mapInArrow(partition_writer(self.sink, ctx), RESULT_SCHEMA).collect()
             counts, fenced = sum_results(tasks)
@@ -148,6 +161,18 @@ class PipelineDriver(DriverRuntime):
             [(r["partition"], r["from"], r["to"]) for r in result.ranges],
             result.commit_ms,
         )
+
+    def _take_over(self, predecessors: SourcePredecessors) -> None:
+        """Fence the dead instances whose ranges this batch continues, before its tasks write."""
+        p, attempt = self.pipeline, self.attempt
+        try:
+            taken = take_over_once(
+                self.sink, p.name, self.instance.id, attempt.epoch, predecessors, self.taken_over
+            )
+        except FencedWriteError as exc:  # the sink knows a newer epoch of this instance: a zombie
+            raise ZombieAttemptError(f"attempt {attempt.id}: {exc}") from exc
+        if taken:
+            log.info("took over from dead instances (fenced in the sink): %s", taken)
 
     def _check_fence(self) -> None:
         with self.ledger.tx() as conn:

@@ -60,6 +60,10 @@ class BatchContext:
     ranges: Mapping[tuple[str, int], tuple[int, int]]
     """(topic, partition) -> [first, end) this attempt may apply; the DataFrame holds only those."""
     fence_check: Callable[[], None] = field(repr=False, compare=False, default=lambda: None)
+    predecessors: Mapping[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
+    """(topic, partition) -> instances that held the range before this one and died past their last
+    ledger commit (``relay.predecessors``): what they wrote there after it may already be in the
+    target. Empty in the common case; see ForEachBatch's rule 5."""
 
     def check_fence(self) -> None:
         """Raise ``ZombieAttemptError`` if this attempt is no longer the instance's current one.
@@ -87,6 +91,9 @@ class ForEachBatch:
     3. Never replace a row written from a later offset of the same partition (newest wins): during
        an upgrade the old and the new instance write at the same time.
     4. Raise to fail the batch; never swallow an error (the cursors would move past lost writes).
+    5. ``ctx.predecessors`` non-empty: dead instances may have written rows of these ranges after
+       their last ledger commit. Rules 1 and 3 absorb that for an upsert; otherwise fence those
+       instances in the target before writing (Relay cannot: it does not know the target).
     """
 
     fn: Callable[[Any, BatchContext], TaskResult | int | None]

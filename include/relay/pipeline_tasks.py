@@ -10,11 +10,11 @@ text. Nothing here imports pyspark; pyarrow is imported in the task.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import chain
 from typing import Any
 
-from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult
+from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult, take_over
 
 RESULT_SCHEMA = "rows_in long, rows_written long, rows_skipped long, rows_unchanged long, fenced string"
 
@@ -76,3 +76,28 @@ def counts_from(value: TaskResult | int | None) -> TaskResult:
     if isinstance(value, int) and not isinstance(value, bool):
         return TaskResult(rows_in=value, rows_written=value)
     return TaskResult()
+
+
+def take_over_once(
+    sink: ExecutorSink,
+    pipeline: str,
+    instance_id: int,
+    epoch: int,
+    predecessors: Mapping[tuple[str, int], tuple[int, ...]],
+    done: set[tuple[str, int, int]],
+) -> dict[tuple[str, int], tuple[int, ...]]:
+    """Driver, before the tasks: fence (and, for Kafka, take the progress of) the predecessors not yet
+    handled by this driver; ``done`` remembers (topic, partition, predecessor). Returns what it did.
+
+    Before the tasks, never after: a predecessor's zombie task must be unable to commit, and its
+    committed end final, before this instance writes the same offsets (``relay.sinks.base.take_over``).
+    """
+    pending = {
+        tp: todo
+        for tp, ids in sorted(predecessors.items())
+        if (todo := tuple(i for i in ids if (tp[0], tp[1], i) not in done))
+    }
+    if pending:
+        take_over(sink, pipeline, instance_id, epoch, pending)
+        done.update((tp[0], tp[1], i) for tp, ids in pending.items() for i in ids)
+    return pending

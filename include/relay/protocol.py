@@ -19,6 +19,7 @@ from relay.errors import SourceGapError
 from relay.ledger import schema as s
 from relay.ledger.models import Attempt, Instance, InstanceState, Lease, Offsets
 from relay.ledger.store import Ledger
+from relay.predecessors import PredecessorCache, SourcePredecessors
 from relay.sinks.base import TaskResult
 
 
@@ -272,10 +273,33 @@ def prepare_batch(ledger: Ledger, attempt: Attempt, start: Offsets | None, end: 
     Ranges read here may shrink before the commit (a handoff closes a lease at H): rows written past
     H are written again by the next instance, which a newest-wins keyed sink makes harmless.
     """
+    return prepare_tasks(ledger, attempt, start, end, None)[0]
+
+
+def prepare_tasks(
+    ledger: Ledger,
+    attempt: Attempt,
+    start: Offsets | None,
+    end: Offsets,
+    predecessors: PredecessorCache | None,
+) -> tuple[Ranges, SourcePredecessors]:
+    """``prepare_batch`` plus, per source partition the batch writes, the predecessors of the leases
+    the range crosses (``relay.predecessors``): the driver fences them in the sink before the tasks
+    write. Read in the same transaction as the ranges; ``predecessors`` caches them per lease."""
     with ledger.tx() as conn:
         instance = ledger.check_current(conn, attempt)
         _adopt_new_partitions(ledger, conn, instance, start, end)
-        return _task_ranges(_leases_by_tp(ledger.leases(instance.id, conn)), start, end)
+        by_tp = _leases_by_tp(ledger.leases(instance.id, conn))
+        ranges = _task_ranges(by_tp, start, end)
+        if predecessors is None or not ranges:
+            return ranges, {}
+        writing = [  # the leases whose span _task_ranges kept: not drained, below the planned end
+            lease
+            for tp, (_, last) in ranges.items()
+            for lease in by_tp[tp]
+            if lease.next_offset < min(last, lease.end_offset if lease.end_offset is not None else last)
+        ]
+        return ranges, predecessors.for_leases(ledger, conn, instance, writing)
 
 
 def commit_cursors(

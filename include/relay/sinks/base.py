@@ -105,7 +105,32 @@ class ExecutorSink(Protocol):
         of the instance whose tasks can commit (waits for tasks of older epochs still in a write)."""
 
     def fence_instance(self, pipeline: str, instance_id: int) -> None:
-        """Operations, when an instance is fenced or stopped: no task of it can commit any more."""
+        """No task of the instance can commit any more (permanent). Called by the driver that takes
+        over a range the instance held when it died (see ``take_over``)."""
 
     def write_task(self, ctx: TaskContext, rows: Iterable[Mapping[str, Any]]) -> TaskResult:
         """Executor: write one task's rows in one transaction, fenced and idempotent."""
+
+
+def take_over(
+    sink: ExecutorSink,
+    pipeline: str,
+    instance_id: int,
+    epoch: int,
+    predecessors: Mapping[tuple[str, int], tuple[int, ...]],
+) -> None:
+    """Driver, before the tasks write ranges that dead instances held (``relay.predecessors``).
+
+    Every predecessor is fenced in the sink first: a zombie task of it can no longer commit, and
+    what it committed is final. A sink with its own ``take_over`` (Kafka) then also makes that
+    committed progress this instance's, so its tasks skip the rows already written; a newest-wins
+    upsert needs only the fence. A sink without one gets ``fence_instance`` per predecessor.
+    """
+    if not predecessors:
+        return
+    own = getattr(sink, "take_over", None)
+    if callable(own):
+        own(pipeline, instance_id, epoch, predecessors)
+        return
+    for predecessor in sorted({i for ids in predecessors.values() for i in ids}):
+        sink.fence_instance(pipeline, predecessor)

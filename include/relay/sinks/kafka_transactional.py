@@ -27,6 +27,11 @@ of any task still in a write) and commits the same marker with the new epoch. A 
 id after that reads the new epoch and refuses. The one gap: an older task's very first transaction
 for a source partition that commits while ``fence_epoch`` runs is not fenced; it cannot duplicate
 (each id's transactions are serial), and the new attempt skips its rows by their marker.
+
+``take_over`` (kafka_fencing): before writing a range a dead instance held, the driver fences that
+instance for good (its taken source partitions' ids too, marker or not: no gap there) and raises its
+own markers of those partitions to the dead instance's final ends, so rows that instance committed
+past its ledger cursor are skipped like a replay instead of written again under another id.
 """
 
 from __future__ import annotations
@@ -43,14 +48,14 @@ from kafka.admin import NewTopic
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError
 from relay.sinks import kafka_clients as kc
+from relay.sinks import kafka_fencing as kf
 from relay.sinks import kafka_markers as km
-from relay.sinks.base import SOURCE_COLUMNS, FencedWriteError, SinkError, TaskContext, TaskResult
+from relay.sinks.base import SOURCE_COLUMNS, SinkError, TaskContext, TaskResult
 
 DEFAULT_MARKER_TOPIC = "__relay_sink_markers"
 DEFAULT_MARKER_PARTITIONS = 4
 DEFAULT_MARKER_WAIT_S = 120.0
 DEFAULT_FENCE_WAIT_S = 300.0
-_FENCE_TRIES = 10  # init_transactions races with tasks taking the same id: retake it this often
 CRASH_BEFORE_COMMIT = "kafka_sink.before_commit"  # tests: die with rows and marker sent, uncommitted
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _Row = tuple[int, bytes | None, bytes | None]  # (source offset, key, value)
@@ -151,76 +156,25 @@ class KafkaTransactionalSink:
         A lower epoch than the sink's, or a fenced instance, raises FencedWriteError; the same epoch
         again is a no-op."""
         _check_ids(pipeline, instance_id, epoch)
-        self._fence(pipeline, instance_id, epoch)
+        kf.fence(self, pipeline, instance_id, epoch)
 
     def fence_instance(self, pipeline: str, instance_id: int) -> None:
         """No task of the instance can commit any more, whatever its epoch (permanent; idempotent)."""
         _check_ids(pipeline, instance_id, 0)
-        self._fence(pipeline, instance_id, None)
+        kf.fence(self, pipeline, instance_id, None)
 
-    def _fence(self, pipeline: str, instance_id: int, epoch: int | None) -> None:
-        deadline = time.monotonic() + self.fence_wait_s
-        ikey = km.instance_key(pipeline, instance_id)
-        tp = self._marker_tp(pipeline, instance_id)
-        who = f"instance {instance_id} of pipeline {pipeline!r}"
-        where = f"fencing {who} in the marker topic {self.marker_topic!r} of topic {self.topic!r}"
-        # Step 1: the instance record, under its own id (two fences of one instance serialise).
-        with kc.kafka_errors(self.settings, where):
-            known = self._fence_key(ikey, tp, epoch, deadline, who, (pipeline, instance_id))
-        # Step 2: every range id of the instance: initialise it (fences an in-flight older task),
-        # then commit its marker again under the new fence.
-        for key in sorted(k for k, m in known.items() if k != ikey and m is not None):
-            with kc.kafka_errors(self.settings, where):
-                self._fence_key(key, tp, epoch, deadline, who, None)
-
-    def _fence_key(
+    def take_over(
         self,
-        key: str,
-        tp: TopicPartition,
-        epoch: int | None,
-        deadline: float,
-        who: str,
-        instance: tuple[str, int] | None,
-    ) -> dict[str, km.Marker | None]:
-        """init_transactions on ``key``, read its marker, refuse or commit it under the new fence.
-        ``instance``: (pipeline, id) for the instance record, whose read returns every key of it."""
-        for attempt in range(1, _FENCE_TRIES + 1):
-            producer = kc.new_producer(self.settings, key)
-            try:
-                with kc.readers(self.settings) as pair:
-                    if instance is not None:
-                        found = km.instance_markers(pair, tp, key, deadline)
-                    else:
-                        found = km.latest(pair, tp, [key], key, deadline)
-                current = found.get(key)
-                if current is not None and epoch is not None:
-                    if current.fenced:
-                        raise FencedWriteError(f"{who} is fenced in the sink: epoch {epoch} may not write")
-                    if current.epoch > epoch:
-                        raise FencedWriteError(
-                            f"refused to fence {who} at epoch {epoch}: the sink already has the newer "
-                            f"epoch {current.epoch} (epochs only go up; this attempt is no longer current)"
-                        )
-                if current is not None:
-                    new = current.fence(epoch)
-                elif instance is not None:
-                    new = km.Marker(instance[0], instance[1], epoch or 0, fenced=epoch is None)
-                else:
-                    return found  # compacted away meanwhile: nothing to carry over
-                if new != current:
-                    producer.begin_transaction()
-                    producer.send(
-                        self.marker_topic, value=new.encode(), key=key.encode(), partition=tp.partition
-                    )
-                    producer.commit_transaction()
-                return found
-            except (kerrors.KafkaError, TimeoutError):
-                # Fenced by a task's init_transactions meanwhile: take the id again and re-read.
-                if attempt == _FENCE_TRIES or time.monotonic() > deadline:
-                    raise
-            finally:
-                kc.close_quietly(producer)
-        raise AssertionError("unreachable")
+        pipeline: str,
+        instance_id: int,
+        epoch: int,
+        predecessors: Mapping[tuple[str, int], tuple[int, ...]],
+    ) -> dict[tuple[str, int], int]:
+        """Before writing ranges dead instances held: fence them for good, then raise this instance's
+        markers of those source partitions to their final ends, so the rows they committed past their
+        ledger cursors are not written again (kafka_fencing). Returns the ends taken over."""
+        _check_ids(pipeline, instance_id, epoch)
+        return kf.take_over(self, pipeline, instance_id, epoch, predecessors)
 
     def _marker_count(self) -> int:
         with kc.kafka_errors(self.settings, f"reading the marker topic {self.marker_topic!r}"):

@@ -137,7 +137,9 @@ class PostgresUpsertSink:
         self._lock_fence_row(pipeline, instance_id, epoch)
 
     def fence_instance(self, pipeline: str, instance_id: int) -> None:
-        """No task of the instance can commit any more, whatever its epoch (permanent; idempotent)."""
+        """No task of the instance can commit any more, whatever its epoch (permanent; idempotent).
+        The driver taking a dead instance's range over calls it (``relay.sinks.base.take_over``): no
+        skip is needed here, newest wins makes the dead instance's rows written again a no-op."""
         _check_ids(pipeline, instance_id, 0)
         self._lock_fence_row(pipeline, instance_id, None)
 
