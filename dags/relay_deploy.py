@@ -17,7 +17,8 @@ The same steps as `relay deploy` (`relay.operations.deploy`), one task each:
 * **verify_single_instance** (deferrable): the master lists exactly the new application; then the
   asset event `relay://<pipeline>` with extra `{"version", "instance", "operation": "deploy"}`.
 
-**Params** (validated when triggered; a bad value is refused): `version` (code version label as
+**Params** (validated when triggered; a bad value is refused): `pipeline` (the pipeline the run
+acts on, one of the declared ones: see the README's "Several pipelines"), `version` (code version label as
 `relay.inputs.validate_version` defines it, or empty for the version that ran last),
 `starting` (`earliest` | `latest`, first start only), `wait_seconds` (30..1800).
 
@@ -42,7 +43,7 @@ from datetime import timedelta
 from airflow.sdk import Param, task
 from relay.inputs import OPTIONAL_VERSION_PATTERN, VERSION_MAX_LENGTH
 from relay_airflow.assets import PIPELINES
-from relay_airflow.dag_factory import relay_dag
+from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
 from relay_airflow.sensors.first_commit import FirstCommitSensor
 from relay_airflow.tasks import deploy as steps
@@ -51,6 +52,7 @@ with relay_dag(
     "relay_deploy",
     __doc__,
     params={
+        "pipeline": pipeline_param(),
         "version": Param(
             "",
             type="string",

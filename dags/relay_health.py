@@ -1,7 +1,11 @@
 """
-### relay_health: the pipeline's health, every 5 minutes
+### relay_health: every pipeline's health, every 5 minutes
 
-Calls `relay.health.run_health` (the same function as the CLI): single instance (ledger vs Spark
+One mapped `check_health` task per declared pipeline (the pipelines file's, else the environment's
+one), labelled with the pipeline's name: each pipeline passes, fails, retries and alerts on its own,
+so a CRITICAL pipeline never hides the others' reports (one task looping over them would stop at the
+first failure, or fail for all of them). Each calls `relay.health.run_health` (the same function as
+the CLI): single instance (ledger vs Spark
 master), driver state and restarts, progress and stall, lag, retention margin, batch latency, dead
 letters. The structured report is persisted in the ledger and returned as the task's XCom.
 
@@ -26,6 +30,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import task
+from relay.config import pipeline_names
 from relay_airflow.dag_factory import relay_dag
 
 log = logging.getLogger("airflow.task")
@@ -38,17 +43,19 @@ with relay_dag(
     retries=1,
 ) as dag:
 
-    @task(execution_timeout=timedelta(minutes=4))
-    def check_health() -> dict:
-        """Run the checks; fail the task (no retry, alert sent) when the report is CRITICAL."""
+    @task(execution_timeout=timedelta(minutes=4), map_index_template="{{ relay_pipeline }}")
+    def check_health(pipeline: str) -> dict:
+        """Run the checks of one pipeline; fail its task (alert sent) when the report is CRITICAL."""
+        from airflow.sdk import get_current_context
         from relay.health import run_health
         from relay_airflow.config import relay_config_from_connections
         from relay_airflow.notifiers import HealthCriticalError
 
-        report = run_health(relay_config_from_connections())
+        get_current_context()["relay_pipeline"] = pipeline  # the mapped task's label in the UI
+        report = run_health(relay_config_from_connections(pipeline=pipeline))
         log.info("%s", report.summary())
         if report.status.value == "CRITICAL":
             raise HealthCriticalError(report.to_json())
         return report.to_json()
 
-    check_health()
+    check_health.expand(pipeline=pipeline_names()[0])

@@ -39,7 +39,8 @@ clamped with a warning. Refused while an upgrade is in progress, and when it wou
 unless `allow_reprocess` is set. A recovery in progress (a run that died half-way) is resumed by a
 new run with `dry_run` false, after its approval (the body says so).
 
-**Params** are validated when triggered (a bad value is refused with HTTP 400): `time` must be epoch
+**Params** are validated when triggered (a bad value is refused with HTTP 400): `pipeline` is one of
+the declared pipelines (see the README's "Several pipelines"), `time` must be epoch
 milliseconds or ISO 8601, `offsets` an object of non-negative partition -> non-negative offset. Rules
 across params (strategy `timestamp` needs `time`, `offsets` needs `offsets`, neither may be given with
 another strategy) fail the `plan` task at once with one line, before anything is read or changed.
@@ -61,7 +62,7 @@ from datetime import timedelta
 from airflow.sdk import Param, task
 from relay.inputs import OFFSETS_SCHEMA, STRATEGIES, TIME_PATTERN
 from relay_airflow.assets import PIPELINES
-from relay_airflow.dag_factory import relay_dag
+from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.approval import RecoveryApprovalOperator
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
 from relay_airflow.tasks import recover as steps
@@ -70,6 +71,7 @@ with relay_dag(
     "relay_recover",
     __doc__,
     params={
+        "pipeline": pipeline_param(),
         "strategy": Param("earliest", type="string", enum=list(STRATEGIES)),
         "time": Param(
             "",

@@ -14,7 +14,8 @@ The same steps as `relay stop` (`relay.operations.stop`), one task each:
 * **verify_none_runs** (deferrable): the Spark master's `/json/` must list no application of the
   pipeline within 60 s, and the ledger no live instance, else the task fails.
 
-**Params**: `timeout_seconds` (5..900): graceful-stop wait.
+**Params**: `pipeline` (the pipeline the run acts on, one of the declared ones: see the README's
+"Several pipelines"), `timeout_seconds` (5..900): graceful-stop wait.
 
 **Clearing:** both tasks may be cleared and rerun: `stop` finds nothing live and moves on, the check
 looks again.
@@ -32,7 +33,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import Param
-from relay_airflow.dag_factory import relay_dag
+from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
 from relay_airflow.tasks import stop as steps
 
@@ -40,6 +41,7 @@ with relay_dag(
     "relay_stop",
     __doc__,
     params={
+        "pipeline": pipeline_param(),
         "timeout_seconds": Param(
             120,
             type="integer",

@@ -42,10 +42,11 @@ only in its own state and moves on when the state has (the upgrade this run open
 run's key). A run that died half-way is also resumed by triggering this DAG again with the same
 version; two upgrades never run at once.
 
-**Params** (validated when triggered; a bad value is refused): `version` (the target version, a label
-as `relay.inputs.validate_version` defines it), `handoff` (`latest` or JSON `{"<topic>": {"0": 42}}`),
-`grace_seconds` (green READY), `catchup_seconds` and `max_lag` (the cutover gate; `max_lag` empty =
-one batch, maxOffsetsPerTrigger), `drain_timeout_seconds`.
+**Params** (validated when triggered; a bad value is refused): `pipeline` (the pipeline the run
+acts on, one of the declared ones: see the README's "Several pipelines"), `version` (the target
+version, a label as `relay.inputs.validate_version` defines it), `handoff` (`latest` or JSON
+`{"<topic>": {"0": 42}}`), `grace_seconds` (green READY), `catchup_seconds` and `max_lag` (the
+cutover gate; `max_lag` empty = one batch, maxOffsetsPerTrigger), `drain_timeout_seconds`.
 
 **Retries: 1.** Safe: a retry reruns the step, which resumes the persisted upgrade where it stopped.
 
@@ -60,7 +61,7 @@ from datetime import timedelta
 from airflow.sdk import Param, task
 from relay.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PATTERN
 from relay_airflow.assets import PIPELINES
-from relay_airflow.dag_factory import relay_dag
+from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
 from relay_airflow.tasks import upgrade as steps
 
@@ -69,6 +70,7 @@ with relay_dag(
     __doc__,
     retries=1,
     params={
+        "pipeline": pipeline_param(),
         "version": Param(
             type="string",
             minLength=1,

@@ -94,7 +94,13 @@ class Artifact:
 
 
 def artifacts_dir(config: RelayConfig) -> Path:
-    return config.data_dir / "artifacts"
+    """``<data_dir>/artifacts``, or ``<data_dir>/pipelines/<pipeline>/artifacts`` for a pipeline a
+    pipelines file declares, so two pipelines' ``v1`` never overwrite each other. The environment's
+    single pipeline keeps the old layout, and no pipeline's folder ever sits among version folders
+    (where pruning could take it for a version)."""
+    if config.pipelines_file is None:
+        return config.data_dir / "artifacts"
+    return config.data_dir / "pipelines" / config.pipeline / "artifacts"
 
 
 def artifact(config: RelayConfig, version: str) -> Artifact:
@@ -282,7 +288,7 @@ def deploy_problems(config: RelayConfig, version: str, meta: dict | None) -> lis
             f"configured for pipeline {config.pipeline} on topic {config.topic}: set RELAY_PIPELINE and "
             "RELAY_TOPIC to the pipeline's"
         )
-    missing = [name for name in meta["secret_env"] if not os.environ.get(name)]
+    missing = [name for name in _secret_names(config, meta) if not os.environ.get(name)]
     if missing:
         problems.append(
             f"pipeline {meta['name']} needs the environment variable(s) {', '.join(missing)} "
@@ -298,7 +304,12 @@ def check_deployable(config: RelayConfig, art: Artifact) -> dict[str, str]:
     problems = deploy_problems(config, art.version, meta)
     if problems:
         raise ConfigError(problems[0])
-    return {name: os.environ[name] for name in meta["secret_env"]} if meta else {}
+    return {name: os.environ[name] for name in _secret_names(config, meta)} if meta else {}
+
+
+def _secret_names(config: RelayConfig, meta: dict) -> list[str]:
+    """The variables the package's sink declares, then those the pipelines file adds (names only)."""
+    return list(dict.fromkeys([*meta["secret_env"], *config.secret_env]))
 
 
 # --------------------------------------------------------------------- what the sink declares

@@ -176,6 +176,13 @@ def cmd_recover(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     )
 
 
+def cmd_pipelines(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """The declared pipelines (the pipelines file, else the environment's one) and their state."""
+    from relay.status import pipelines_view
+
+    return pipelines_view()
+
+
 HEALTH_CRITICAL = "CRITICAL"
 PLAN_BLOCKED = 4  # exit code of a plan (upgrade or rollback --plan) that says the upgrade can't run
 
@@ -204,6 +211,7 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "versions": cmd_versions,
     "recover": cmd_recover,
     "health": cmd_health,
+    "pipelines": cmd_pipelines,
 }
 
 
@@ -250,6 +258,12 @@ def _upgrade_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="relay", description="Operate a Kafka -> Spark streaming pipeline.")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--pipeline",
+        metavar="NAME",
+        help="the pipeline to act on (before or after the subcommand); default RELAY_PIPELINE, else "
+        "the pipelines file's default (see `relay pipelines`)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     lg = sub.add_parser("ledger", help="the ledger database (RELAY_LEDGER_URL)")
     lg.add_argument("action", choices=["init"], help="init: create the ledger (or migrate an existing one)")
@@ -319,17 +333,41 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--allow-reprocess", action="store_true")
     r.add_argument("--local", action="store_true")
     sub.add_parser("health", help="run the health checks once, persist the report (exit 2 if CRITICAL)")
+    sub.add_parser("pipelines", help="the declared pipelines and their state in the ledger")
     _add_dev_commands(sub)
     return p
+
+
+def _take_pipeline(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], str | None]:
+    """``--pipeline NAME`` (or ``=NAME``) out of ``argv``, wherever it stands, as ``--json`` is."""
+    rest, name = [], None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--pipeline":
+            if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                parser.error("argument --pipeline: expected a pipeline name")
+            name, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--pipeline="):
+            name = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    if name == "":
+        parser.error("argument --pipeline: expected a pipeline name")
+    return rest, name
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv  # accepted before or after the subcommand
-    args = build_parser().parse_args([a for a in argv if a != "--json"])
-    args.json = as_json
+    parser = build_parser()
+    argv, pipeline = _take_pipeline(parser, argv)
+    args = parser.parse_args([a for a in argv if a != "--json"])
+    args.json, args.pipeline = as_json, pipeline
     try:
-        cfg = load_config()
+        cfg = load_config(pipeline=pipeline)
         result = COMMANDS[args.command](cfg, args)
     except RelayError as exc:
         _say(f"relay {args.command}: {exc}")

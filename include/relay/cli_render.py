@@ -258,6 +258,29 @@ def render_versions(console: Console, view: Mapping[str, Any]) -> None:
         console.print("No version built yet: `relay build --version v1`.")
 
 
+def render_pipelines(console: Console, view: Mapping[str, Any]) -> None:
+    """``relay pipelines``: where they are declared, then one row each (the default marked)."""
+    where = view["pipelines_file"] or "the environment (RELAY_*; no pipelines file)"
+    console.print(f"pipelines of {escape(where)}; ledger {escape(view['ledger'])}")
+    if view.get("note"):
+        console.print(f"[yellow]note:[/] {escape(view['note'])}")
+    rows = [
+        {**r, "pipeline": f"{r['pipeline']} (default)" if r["default"] else r["pipeline"]}
+        for r in view["pipelines"]
+    ]
+    cols = [
+        "pipeline",
+        "topic",
+        "code",
+        "state",
+        "version",
+        "live_instances",
+        "last_commit_at",
+        "env_missing",
+    ]
+    console.print(table(rows, cols, None, lambda r: STATE_STYLE.get(str(r.get("state")))))
+
+
 def render(name: str, result: Any, console: Console | None = None) -> None:
     """Print ``result`` of command ``name`` for a person."""
     if console is None:
@@ -273,6 +296,8 @@ def render(name: str, result: Any, console: Console | None = None) -> None:
         render_plan(console, result)
     elif name == "versions":
         render_versions(console, result)
+    elif name == "pipelines":
+        render_pipelines(console, result)
     elif name == "audit":
         from relay.audit import render as render_audit
 

@@ -70,6 +70,18 @@ class RelayConfig:
     """The user's pipeline package folder ``relay build`` freezes (None: the reference job)."""
     keep_versions: int = 5
     """Artifacts kept after a build or an upgrade (newest first; running and rollback versions always)."""
+    secret_env: tuple[str, ...] = ()
+    """Names of the variables the pipeline's sink needs, as its pipelines file declares them."""
+    driver_cores: int = 1
+    driver_memory: str = "512m"
+    executor_cores: int = 1
+    executor_memory: str = "512m"
+    cores_max: int = 1
+    """Spark resources of each driver submitted for the pipeline (``spark.cores.max``: all executors)."""
+    pipelines_file: Path | None = None
+    """The pipelines file this pipeline was declared in (None: the environment's single pipeline).
+    With a file, each pipeline's artifacts live in ``pipelines/<pipeline>/artifacts/`` (see
+    relay.artifacts.artifacts_dir); checkpoints are per pipeline either way."""
 
     def __post_init__(self) -> None:
         if not self.ledger_url:
@@ -108,9 +120,40 @@ class RelayConfig:
         return replace(self, **changes)
 
 
-def load_config(env: Mapping[str, str] | None = None) -> RelayConfig:
-    """Build the configuration from ``RELAY_*`` environment variables over the embedded defaults."""
+def load_config(env: Mapping[str, str] | None = None, pipeline: str | None = None) -> RelayConfig:
+    """The configuration of one pipeline: ``RELAY_*`` environment variables over the embedded
+    defaults, then that pipeline's entries of the pipelines file when there is one.
+
+    ``pipeline`` (the CLI's ``--pipeline``, a DAG's param) else ``RELAY_PIPELINE`` else the file's
+    default selects it; without a file it only names the pipeline, as ``RELAY_PIPELINE`` always did.
+    """
+    from relay.pipelines_file import load_pipelines_file
+
     env = os.environ if env is None else env
+    base = _from_env(env)
+    declared = load_pipelines_file(env, base.data_dir)
+    name = pipeline or env.get("RELAY_PIPELINE") or None
+    if declared is None:
+        return base.with_(pipeline=name) if name and name != base.pipeline else base
+    return base.with_(**declared.settings(name or declared.default))
+
+
+def pipeline_names(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
+    """The pipelines one can act on, and the one chosen when none is named (``RELAY_PIPELINE`` if
+    set, else the file's default): what ``--pipeline`` and the DAGs' ``pipeline`` param offer."""
+    from relay.pipelines_file import load_pipelines_file
+
+    env = os.environ if env is None else env
+    base = _from_env(env)
+    declared = load_pipelines_file(env, base.data_dir)
+    if declared is None:
+        return [base.pipeline], base.pipeline
+    chosen = env.get("RELAY_PIPELINE") or declared.default
+    declared.settings(chosen)  # an undeclared RELAY_PIPELINE is refused here too
+    return declared.names, chosen
+
+
+def _from_env(env: Mapping[str, str]) -> RelayConfig:
     data_dir = Path(env.get("RELAY_DATA_DIR") or PROJECT_ROOT / "var").resolve()
     d = Ports()
     ports = Ports(

@@ -379,11 +379,11 @@ def driver_properties(
         "spark.python.unix.domain.socket.dir": str(spark_dir / "sock"),
         "spark.driver.extraJavaOptions": java_opts,
         "spark.executor.extraJavaOptions": java_opts,
-        "spark.driver.memory": "512m",
-        "spark.executor.memory": "512m",
-        "spark.driver.cores": "1",
-        "spark.executor.cores": "1",
-        "spark.cores.max": "1",
+        "spark.driver.memory": config.driver_memory,  # the pipeline's resources (pipelines file)
+        "spark.executor.memory": config.executor_memory,
+        "spark.driver.cores": str(config.driver_cores),
+        "spark.executor.cores": str(config.executor_cores),
+        "spark.cores.max": str(config.cores_max),
         "spark.ui.port": "0",
         "spark.ui.killEnabled": "false",  # Relay stops drivers through the ledger and REST, not the UI
         "spark.sql.shuffle.partitions": "2",

@@ -1,8 +1,13 @@
-"""``relay status`` and ``relay offsets``: what the ledger knows, next to what Kafka reports."""
+"""``relay status``, ``relay offsets`` and ``relay pipelines``: what the ledger knows, next to what
+Kafka reports."""
 
 from __future__ import annotations
 
-from relay.config import RelayConfig
+import os
+from collections.abc import Mapping
+
+from relay.config import RelayConfig, load_config, pipeline_names
+from relay.errors import LedgerNotFoundError
 from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 
@@ -57,3 +62,61 @@ def status_view(config: RelayConfig, ledger: Ledger | None = None, with_kafka: b
     if with_kafka:
         out["offsets"] = offsets_view(config, ledger)
     return out
+
+
+def pipelines_view(env: Mapping[str, str] | None = None) -> dict:
+    """``relay pipelines``: every declared pipeline and its state in the ledger (no Kafka, no Spark).
+
+    Why only the ledger: it is where a pipeline's state lives; the list must answer even while a
+    broker or the master is down. A ledger that does not exist yet lists the pipelines without state.
+    """
+    env = os.environ if env is None else env
+    names, default = pipeline_names(env)
+    configs = [load_config(env, pipeline=name) for name in names]
+    ledger = Ledger(configs[0].ledger_url)  # shared by every pipeline: the environment's
+    rows, note = [], None
+    try:
+        for config in configs:
+            rows.append(_pipeline_row(config, ledger, env) | {"default": config.pipeline == default})
+    except LedgerNotFoundError as exc:
+        note = str(exc)
+        rows = [
+            _pipeline_row(config, None, env) | {"default": config.pipeline == default} for config in configs
+        ]
+    finally:
+        ledger.close()
+    file = configs[0].pipelines_file
+    return {
+        "pipelines_file": None if file is None else str(file),
+        "ledger": ledger.safe_url,
+        "default": default,
+        "pipelines": rows,
+        "note": note,
+    }
+
+
+def _pipeline_row(config: RelayConfig, ledger: Ledger | None, env: Mapping[str, str]) -> dict:
+    """One pipeline: what it reads and runs, and what the ledger says of it now."""
+    row: dict = {
+        "pipeline": config.pipeline,
+        "topic": config.topic,
+        "code": str(config.pipeline_code) if config.pipeline_code else "reference job",
+        "live_instances": [],
+        "version": None,
+        "state": None,
+        "last_commit_at": None,
+        "env_missing": [name for name in config.secret_env if not env.get(name)],  # names, never values
+    }
+    if ledger is None:
+        return row
+    instances = ledger.instances(config.pipeline)
+    live = [i for i in instances if i.state.live]
+    shown = live[-1] if live else (instances[-1] if instances else None)
+    batches = ledger.recent_batches(config.pipeline, limit=1)
+    row.update(
+        live_instances=[i.id for i in live],
+        version=shown.version if shown else None,
+        state=shown.state.value if shown else "NEVER DEPLOYED",
+        last_commit_at=batches[0]["committed_at"] if batches else None,
+    )
+    return row

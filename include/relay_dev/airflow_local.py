@@ -93,7 +93,9 @@ def ensure_admin_password(config: RelayConfig) -> None:
 def config_env(config: RelayConfig) -> dict[str, str]:
     """The ``RELAY_*`` variables that make ``load_config()`` in a task rebuild exactly ``config``."""
     p = config.ports
+    declared = {"RELAY_PIPELINES_FILE": str(config.pipelines_file)} if config.pipelines_file else {}
     return {
+        **declared,  # the DAGs' pipeline choices and each task's pipeline come from the same file
         "RELAY_DATA_DIR": str(config.data_dir),
         "RELAY_PIPELINE": config.pipeline,
         "RELAY_TOPIC": config.topic,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.sdk.exceptions import AirflowNotFoundException
 from relay.config import RelayConfig, load_config
 
@@ -10,14 +12,22 @@ from relay_airflow.hooks.ledger import LedgerHook
 from relay_airflow.hooks.spark_standalone import SparkStandaloneHook
 
 
-def relay_config_from_connections(base: RelayConfig | None = None) -> RelayConfig:
-    """``load_config()`` (RELAY_* variables) overridden by the ``relay_*`` connections that exist.
+def selected_pipeline(context: Any) -> str | None:
+    """The ``pipeline`` param of the run (None: the DAG has none, the environment's pipeline)."""
+    return (context.get("params") or {}).get("pipeline") or None
+
+
+def relay_config_from_connections(
+    base: RelayConfig | None = None, pipeline: str | None = None
+) -> RelayConfig:
+    """``load_config(pipeline=...)`` (RELAY_* variables and the pipelines file) overridden by the
+    ``relay_*`` connections that exist.
 
     Why: in a real deployment the addresses of Spark, Kafka and the ledger are Airflow connections
     (managed, secrets masked); the embedded stack defines them as AIRFLOW_CONN_* variables. A missing
     connection keeps the value of the configuration.
     """
-    config = base or load_config()
+    config = base or load_config(pipeline=pipeline)
     changes: dict[str, object] = {}
     try:
         spark = SparkStandaloneHook()

@@ -10,7 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
+from relay.config import pipeline_names
 
 from relay_airflow.notifiers import RelayAlertNotifier
 
@@ -37,3 +38,21 @@ def relay_dag(
         **dag_kwargs,
     }
     return DAG(dag_id=dag_id, doc_md=doc_md, default_args=default_args, params=params or {}, **settings)
+
+
+def pipeline_param() -> Param:
+    """The ``pipeline`` param of an operation DAG: one of the declared pipelines (read when the DAG
+    file is parsed), the environment's (``RELAY_PIPELINE`` or the file's default) preselected.
+
+    Why a param with an enum: the trigger form shows a drop-down of the declared names and a REST
+    trigger naming an unknown pipeline is refused (HTTP 400) before anything runs; the run's conf
+    (run details) shows which pipeline it acted on, and every task logs it first.
+    """
+    names, default = pipeline_names()
+    return Param(
+        default,
+        type="string",
+        enum=names,
+        title="Pipeline",
+        description="the pipeline this run acts on (`relay pipelines` lists them)",
+    )

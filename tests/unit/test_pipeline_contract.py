@@ -169,6 +169,16 @@ def test_artifact_from_user_code_carries_the_package_and_runtime_only(tmp_path: 
         check_deployable(cfg, art)
     monkeypatch.setenv("JSON_UPSERT_SINK_URL", "postgresql://u:p@h/db")
     assert check_deployable(cfg, art) == {"JSON_UPSERT_SINK_URL": "postgresql://u:p@h/db"}
+    # A variable the pipelines file adds (secret_env) is required and passed on too.
+    filed = cfg.with_(secret_env=("JSON_UPSERT_AUDIT_URL",))
+    monkeypatch.delenv("JSON_UPSERT_AUDIT_URL", raising=False)
+    with pytest.raises(ConfigError, match="JSON_UPSERT_AUDIT_URL"):
+        check_deployable(filed, art)
+    monkeypatch.setenv("JSON_UPSERT_AUDIT_URL", "x")
+    assert check_deployable(filed, art) == {
+        "JSON_UPSERT_SINK_URL": "postgresql://u:p@h/db",
+        "JSON_UPSERT_AUDIT_URL": "x",
+    }
     with pytest.raises(ConfigError, match="set RELAY_PIPELINE and RELAY_TOPIC"):
         check_deployable(cfg.with_(topic="other"), art)
     # The default stays the reference job.

@@ -51,7 +51,7 @@ class FirstCommitSensor(BaseSensorOperator):
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        from relay_airflow.config import relay_config_from_connections
+        from relay_airflow.config import relay_config_from_connections, selected_pipeline
 
         timeout_s = float(self.wait_seconds)
         self.defer(
@@ -59,7 +59,7 @@ class FirstCommitSensor(BaseSensorOperator):
                 kind=FIRST_COMMIT,
                 args={"instance_id": int(self.instance_id)},
                 timeout_at=time.time() + timeout_s,
-                pipeline=relay_config_from_connections().pipeline,
+                pipeline=relay_config_from_connections(pipeline=selected_pipeline(context)).pipeline,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout_s) + DEFER_MARGIN,

@@ -16,10 +16,14 @@ from relay.ledger.store import Ledger
 log = logging.getLogger("airflow.task")
 
 
-def relay_config() -> RelayConfig:
-    from relay_airflow.config import relay_config_from_connections
+def relay_config(context: Any) -> RelayConfig:
+    """The configuration of the pipeline this run acts on: its ``pipeline`` param (the environment's
+    pipeline when the DAG has none), addresses from the connections."""
+    from relay_airflow.config import relay_config_from_connections, selected_pipeline
 
-    return relay_config_from_connections()
+    config = relay_config_from_connections(pipeline=selected_pipeline(context))
+    log.info("pipeline %s (topic %s)", config.pipeline, config.topic)
+    return config
 
 
 def run_key(context: Any) -> str:

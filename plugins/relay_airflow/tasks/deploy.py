@@ -23,7 +23,7 @@ def submit() -> dict[str, Any]:
     context = get_current_context()
     params = context["params"]
     return submit_step(
-        relay_config(),
+        relay_config(context),
         version=params["version"] or None,
         starting=params["starting"],
         progress=log.info,
@@ -32,14 +32,14 @@ def submit() -> dict[str, Any]:
 
 
 def verify_prepare(context: Any) -> WaitFor:
-    config = relay_config()
+    config = relay_config(context)
     name = app_name(config.pipeline, upstream(context, "submit")["instance_id"])
     return WaitFor(ONLY_APPS, {"names": [name]}, VERIFY_TIMEOUT_S, config.pipeline, note=f"only {name}")
 
 
 def verify_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
     """The master lists only the new instance's application: the deploy is done; emit the asset event."""
-    config = relay_config()
+    config = relay_config(context)
     if event["status"] != DONE:
         raise AirflowFailException(
             f"{OnlyAppsWait(config, event['args']['names']).mismatch()}: {event['error']}"

@@ -45,10 +45,11 @@ def plan() -> dict[str, Any]:
     """Always: the plan, printed as a table and returned as JSON; nothing changes."""
     from relay.operations.recover import plan_step
 
-    p = get_current_context()["params"]
+    context = get_current_context()
+    p = context["params"]
     args = arguments(p)  # first: refuse before reading anything
     return plan_step(
-        relay_config(),
+        relay_config(context),
         args["strategy"],
         args["timestamp_ms"],
         args["offsets"],
@@ -59,7 +60,7 @@ def plan() -> dict[str, Any]:
 
 
 def _this_run(context: Any) -> dict:
-    config = relay_config()
+    config = relay_config(context)
     op = steps.find_recovery(ledger_of(config), config.pipeline, run_key(context))
     if op is None:
         raise AirflowFailException("this run opened no recovery: run (or clear) the execute task first")
@@ -69,7 +70,7 @@ def _this_run(context: Any) -> dict:
 def execute() -> dict[str, Any]:
     """After the approval: open (or resume) the recovery, stop and archive, lease, submit."""
     context = get_current_context()
-    config = relay_config()
+    config = relay_config(context)
     ledger = ledger_of(config)
     key = run_key(context)
     planned = upstream(context, "plan")
@@ -93,20 +94,20 @@ def _summary(pipeline: str, op: dict) -> dict[str, Any]:
 def wait_prepare(context: Any) -> WaitFor | dict[str, Any]:
     op = _this_run(context)
     if op["state"] != RecoveryState.LEASED.value:
-        return _summary(relay_config().pipeline, op)
+        return _summary(relay_config(context).pipeline, op)
     instance = op["data"]["instance_id"]
     return WaitFor(
         FIRST_COMMIT,
         {"instance_id": instance},
         FIRST_COMMIT_WAIT_S,
-        relay_config().pipeline,
+        relay_config(context).pipeline,
         note="new instance",
     )
 
 
 def wait_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
     """First commit: EXECUTED. No first commit: the recovery ends FAILED (a person looks)."""
-    config = relay_config()
+    config = relay_config(context)
     error = None if event["status"] == DONE else event["error"]
     first_s = event["waited_s"] if error is None else None
     try:
@@ -121,7 +122,7 @@ def audit() -> dict[str, Any]:
     from relay.audit import audit as run_audit
 
     context = get_current_context()
-    config = relay_config()
+    config = relay_config(context)
     ledger = ledger_of(config)
     op = _this_run(context)
     if op["state"] != RecoveryState.EXECUTED.value:

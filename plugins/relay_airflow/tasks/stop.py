@@ -17,7 +17,7 @@ from relay_airflow.triggers.ledger_wait import DONE, FAILED
 
 def stop_prepare(context: Any) -> WaitFor | dict[str, Any]:
     """Request the graceful stops; nothing live = nothing to wait for (a rerun after a stop)."""
-    config = relay_config()
+    config = relay_config(context)
     timeout_s = float(context["params"]["timeout_seconds"])
     requested_at = time.time()
     ids = request_stops(config, ledger_of(config), log.info)
@@ -32,7 +32,7 @@ def stop_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
     """Settle each instance: a driver still running after the wait is fenced and killed."""
     if event["status"] == FAILED:
         raise AirflowFailException(f"the stop could not be checked: {event['error']}")
-    config = relay_config()
+    config = relay_config(context)
     ledger = ledger_of(config)
     args = event["args"]
     stopped = [
@@ -43,12 +43,12 @@ def stop_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify_prepare(context: Any) -> WaitFor:
-    config = relay_config()
+    config = relay_config(context)
     return WaitFor(ONLY_APPS, {"names": []}, VERIFY_TIMEOUT_S, config.pipeline, note="no application left")
 
 
 def verify_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
-    config = relay_config()
+    config = relay_config(context)
     if event["status"] != DONE:
         raise AirflowFailException(f"still running: {OnlyAppsWait(config, []).mismatch()}")
     stopped = (upstream(context, "stop") or {}).get("stopped", [])

@@ -48,7 +48,7 @@ def plan() -> dict[str, Any]:
     context = get_current_context()
     p = context["params"]
     op = open_upgrade(
-        relay_config(),
+        relay_config(context),
         p["version"],
         handoff=p["handoff"],
         grace_s=float(p["grace_seconds"]),
@@ -64,12 +64,12 @@ def plan() -> dict[str, Any]:
 def start_green() -> dict[str, Any]:
     """Green as a warm standby: created without leases and submitted; blue runs on uncapped."""
     context = get_current_context()
-    config = relay_config()
+    config = relay_config(context)
     return _summary(_going(steps.start_green(config, ledger_of(config), _op_id(context), log.info)))
 
 
 def wait_ready_prepare(context: Any) -> WaitFor | dict[str, Any]:
-    config = relay_config()
+    config = relay_config(context)
     op = _going(ledger_of(config).operation(_op_id(context)))
     if op["state"] != UpgradeState.GREEN_WARMING.value:
         return _summary(op)
@@ -81,7 +81,7 @@ def wait_ready_prepare(context: Any) -> WaitFor | dict[str, Any]:
 
 def wait_ready_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
     """Green READY: the handoff may run. Green failing (or the grace passing) first: ABORTED."""
-    config = relay_config()
+    config = relay_config(context)
     error = None if event["status"] == DONE else event["error"]
     return _summary(_going(steps.green_ready(config, ledger_of(config), _op_id(context), error, log.info)))
 
@@ -89,12 +89,12 @@ def wait_ready_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
 def handoff() -> dict[str, Any]:
     """H is read now, with green READY: blue closes at H, green opens at H (one transaction)."""
     context = get_current_context()
-    config = relay_config()
+    config = relay_config(context)
     return _summary(_going(steps.hand_off(config, ledger_of(config), _op_id(context), log.info)))
 
 
 def wait_caught_up_prepare(context: Any) -> WaitFor | dict[str, Any]:
-    config = relay_config()
+    config = relay_config(context)
     op = _going(ledger_of(config).operation(_op_id(context)))
     if op["state"] != UpgradeState.GREEN_STARTING.value:
         return _summary(op)
@@ -110,7 +110,7 @@ def wait_caught_up_prepare(context: Any) -> WaitFor | dict[str, Any]:
 def wait_caught_up_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
     """The cutover gate passed: blue drains. Failed (green dead, or too slow in time): ABORTED, and
     blue takes back everything green did not apply."""
-    config = relay_config()
+    config = relay_config(context)
     done = event["status"] == DONE
     error, lag = (None, event["result"].get("lag")) if done else (event["error"], None)
     return _summary(
@@ -119,7 +119,7 @@ def wait_caught_up_complete(context: Any, event: dict[str, Any]) -> dict[str, An
 
 
 def drain_prepare(context: Any) -> WaitFor | dict[str, Any]:
-    config = relay_config()
+    config = relay_config(context)
     op = _going(steps.begin_drain(ledger_of(config), _op_id(context)))
     if op["state"] != UpgradeState.DRAINING_BLUE.value:
         return _summary(op)
@@ -133,7 +133,7 @@ def drain_prepare(context: Any) -> WaitFor | dict[str, Any]:
 def drain_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
     if event["status"] == FAILED:
         raise AirflowFailException(f"the drain could not be checked: {event['error']}")
-    config = relay_config()
+    config = relay_config(context)
     timed_out = event["status"] == TIMEOUT
     return _summary(
         _going(steps.blue_drained(config, ledger_of(config), _op_id(context), timed_out, log.info))
@@ -141,7 +141,7 @@ def drain_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
 
 
 def stop_blue_prepare(context: Any) -> WaitFor | dict[str, Any]:
-    config = relay_config()
+    config = relay_config(context)
     op = _going(steps.request_blue_stop(ledger_of(config), _op_id(context)))
     if op["state"] != UpgradeState.STOPPING_BLUE.value:
         return _summary(op)
@@ -159,12 +159,12 @@ def stop_blue_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
     """Blue stopped between batches, or it is fenced and killed now."""
     if event["status"] == FAILED:
         raise AirflowFailException(f"blue's stop could not be checked: {event['error']}")
-    config = relay_config()
+    config = relay_config(context)
     return _summary(_going(steps.blue_stopped(config, ledger_of(config), _op_id(context), log.info)))
 
 
 def verify_prepare(context: Any) -> WaitFor:
-    config = relay_config()
+    config = relay_config(context)
     ledger = ledger_of(config)
     op = _going(ledger.operation(_op_id(context)))
     names = steps.expected_apps(ledger, op)
@@ -172,7 +172,7 @@ def verify_prepare(context: Any) -> WaitFor:
 
 
 def verify_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
-    config = relay_config()
+    config = relay_config(context)
     if event["status"] != DONE:
         raise AirflowFailException(
             f"after the upgrade {OnlyAppsWait(config, event['args']['names']).mismatch()}"
@@ -183,7 +183,7 @@ def verify_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
 def audit() -> dict[str, Any]:
     """Audit the upgrade's window, DONE; emit "the pipeline runs the new version" as an asset event."""
     context = get_current_context()
-    config = relay_config()
+    config = relay_config(context)
     op = _going(steps.finish(config, ledger_of(config), _op_id(context), log.info))
     if op["state"] != UpgradeState.DONE.value:
         raise AirflowFailException(f"upgrade {op['id']} is {op['state']}, not DONE: run the earlier tasks")

@@ -76,7 +76,7 @@ class LedgerWaitTrigger(BaseTrigger):
 
         from relay_airflow.config import relay_config_from_connections
 
-        config = relay_config_from_connections().with_(pipeline=self.pipeline)
+        config = relay_config_from_connections(pipeline=self.pipeline)  # its topic, code: pipelines file
         ledger = Ledger(config.ledger_url)
         return make_wait(config, ledger, self.kind, self.args), ledger
 
