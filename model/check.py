@@ -31,8 +31,8 @@ MODEL = MODEL_DIR / "relay.pml"
 REPO = MODEL_DIR.parent
 
 # Invariant names (the bits asserted in relay.pml) and their ONLY=k numbers. 6 and 7 are asserted
-# only with -DPROGRESS (or ONLY=6/7): an upgrade with an explicit handoff offset violates them (see
-# FINDINGS), so the scenarios with such an upgrade leave them out.
+# only with -DPROGRESS (or ONLY=6/7); every scenario asserts them since issue #12 was fixed (the
+# handoff takes H at or above blue's planned end).
 INVARIANTS = {
     "no_double_apply": 1,
     "no_skip_without_gap": 2,
@@ -55,12 +55,12 @@ SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "upgrade": (
         "upgrade (warm standby, handoff, abort before/after green commits, drain), 2 blue attempts, 1 green",
         "-O2",
-        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=2", "-DGREEN_ATTEMPTS=1", "-DNO_RECOVERY"),
+        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=2", "-DGREEN_ATTEMPTS=1", "-DNO_RECOVERY", "-DPROGRESS"),
     ),
     "upgrade-green-restarts": (
         "upgrade (warm standby, handoff, abort before/after green commits, drain), 1 blue attempt, 2 green",
         "-O0",
-        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=2", "-DNO_RECOVERY"),
+        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=2", "-DNO_RECOVERY", "-DPROGRESS"),
     ),
     "recovery": (
         "retention and recovery with 2 blue attempts and 1 recovered",
@@ -70,10 +70,24 @@ SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "everything": (
         "upgrade, retention and recovery, 1 attempt per instance",
         "-O0",
-        ("-DN=3", "-DRET=1", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=1", "-DREC_ATTEMPTS=1"),
+        ("-DN=3", "-DRET=1", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=1", "-DREC_ATTEMPTS=1", "-DPROGRESS"),
+    ),
+    "explicit-H": (
+        "upgrade with an explicit H (refused below blue's planned end), batches of 1..3; the two "
+        "findings of issue #12 (STRANDED_AFTER_ABORT, TASK_RANGE_AFTER_ABORT) must not reproduce",
+        "-O0",
+        (
+            "-DN=4",
+            "-DRET=0",
+            "-DBLUE_ATTEMPTS=1",
+            "-DGREEN_ATTEMPTS=1",
+            "-DNO_RECOVERY",
+            "-DMAXB=3",
+            "-DPROGRESS",
+        ),
     ),
     "abort-latest": (
-        "upgrade with H = Kafka's latest, batches of 1..3; every invariant, 6 and 7 included",
+        "upgrade with H = Kafka's latest read before the lock, batches of 1..3",
         "-O0",
         (
             "-DN=4",
@@ -127,28 +141,25 @@ MUTANTS: tuple[tuple[str, str, str, str], ...] = (
         "one_task_range",
         "the source guard does not cap blue at H while [cursor, H) is undrained and [X, ...) follows",
     ),
+    (
+        "NO_PLANNED_END",
+        "explicit-H",
+        "no_stranded_offset",
+        "the handoff ignores blue's planned end (issue #12): a batch in flight past H strands blue",
+    ),
+    (
+        "PLAN_RECORD_AFTER",
+        "abort-latest",
+        "one_task_range",
+        "the source records its planned end in a transaction after the one that read the guard",
+    ),
 )
 
-# Known defects of the protocol as coded (not mutants): the model with an explicit handoff offset H
-# (any H >= blue's cursor, as `upgrade --handoff` allows) violates these invariants. Run with
-# --findings; each must still reproduce (when one no longer does, the code was fixed: make it a
-# scenario). (name, defines, invariant, what goes wrong)
-_EXPLICIT_H = ("-DN=4", "-DRET=0", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=1", "-DNO_RECOVERY", "-DMAXB=3")
-FINDINGS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
-    (
-        "STRANDED_AFTER_ABORT",
-        _EXPLICIT_H,
-        "no_stranded_offset",
-        "blue's batch planned before the handoff ends past H; committed while draining it moves "
-        "blue's position past H; the abort gives blue offsets below that position",
-    ),
-    (
-        "TASK_RANGE_AFTER_ABORT",
-        _EXPLICIT_H,
-        "one_task_range",
-        "blue's in-flight batch spans green's [H, X); replayed after the abort it has two ranges",
-    ),
-)
+# Known defects of the protocol as coded (not mutants): (name, defines, invariant, what goes wrong).
+# Run with --findings; each must still reproduce (when one no longer does, the code was fixed: make
+# it a scenario). None now: STRANDED_AFTER_ABORT and TASK_RANGE_AFTER_ABORT (issue #12) are fixed
+# and checked by the scenario explicit-H (and the mutants NO_PLANNED_END, PLAN_RECORD_AFTER).
+FINDINGS: tuple[tuple[str, tuple[str, ...], str, str], ...] = ()
 
 PAN_DEPTH = 200_000
 TIMEOUT_S = 600

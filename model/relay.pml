@@ -5,8 +5,9 @@
  * One Kafka partition with offsets 0..N-1; three instances (blue, green made by the upgrade as a warm
  * standby, and the fresh instance a recovery makes), each with one lease row, and a second row for
  * blue's continuation [X, ...) after an abort that green committed before; attempts with epochs; the
- * instance row lock; the commit transaction; the source guard (hold, floor, read cap); the blue-green
- * handoff, its abort (before or after green committed) and the drain; the recovery; retention; and a
+ * instance row lock; the commit transaction; the source guard (hold, floor, read cap) and the planned
+ * end the source records under the row lock; the blue-green handoff (H at or above blue's planned
+ * end), its abort (before or after green committed) and the drain; the recovery; retention; and a
  * crash between any two steps of every process.
  *
  * Build switches (spin -D...):
@@ -23,9 +24,14 @@
  *                        (as the abort before green's first commit does) instead of opening [X, ...)
  *   NO_READ_CAP          mutant: the source guard does not cap blue at H while its closed lease
  *                        [cursor, H) is undrained and its next lease starts at X > H (read_cap)
- *   HANDOFF_LATEST       H is Kafka's latest offset read by the handoff: at or past the end of every
- *                        batch blue planned before (the window between kafka.latest() and the lock is
- *                        left out); default: any H at or past blue's cursor (an explicit handoff)
+ *   NO_PLANNED_END       mutant: the handoff ignores blue's recorded planned end (H only at or above
+ *                        blue's cursor): the code before issue #12 was fixed
+ *   PLAN_RECORD_AFTER    mutant: the source reads the guard and plans in one transaction and records
+ *                        its planned end in a later one (not under the same row lock)
+ *   HANDOFF_LATEST       H is Kafka's latest offset, read by the handoff BEFORE it locks blue's row:
+ *                        at or past the end of every batch planned before that read (blue may plan
+ *                        more in between), raised to blue's planned end; default: any H at or past
+ *                        blue's cursor (an explicit handoff), refused below blue's planned end
  *   PROGRESS             also assert invariants 6 and 7 (below) under ONLY=0
  *   ONLY=k               assert only invariant k (1..7, below); 0 (default) asserts 1..5 (and 6, 7
  *                        with PROGRESS)
@@ -122,6 +128,9 @@ byte l_start[NL];
 byte l_end[NL];         /* OPEN while open */
 byte l_cur[NL];         /* next_offset: the cursor */
 byte op;                /* the operation in progress, if any */
+byte planned_b;         /* instances.planned_ends of blue: the highest end its source planned, recorded
+                         * under blue's row lock before Spark runs the batch (green's and the recovered
+                         * instance's are recorded too, but no handoff of theirs is modelled) */
 
 /* ------------------------------------------------------------------ outside the ledger */
 byte ck[NI];            /* each instance's checkpoint (shared by all its attempts) */
@@ -405,7 +414,13 @@ plan:
    * Spark writes it to offsets/N. (Idle for ever is the same, for everybody else, as a crash here.) */
 end_idle:
   atomic {
+#ifdef PLAN_RECORD_AFTER
     LIVE(i) && cap[i] > FROM(i, pos) ->
+#else
+    /* source_guard.plan_under_guard: ONE transaction holding the instance's row lock reads the
+     * guard, plans and records the planned end */
+    lockh[i] == 0 && LIVE(i) && cap[i] > FROM(i, pos) ->
+#endif
     s = FROM(i, pos);
     if
     :: e = s + 1
@@ -414,11 +429,22 @@ end_idle:
     :: s + 3 <= cap[i] -> e = s + 3
 #endif
     fi;
+#ifdef PLAN_RECORD_AFTER
+    printf("@@ "); say(i); printf(" e%d plans [%d,%d) (not recorded yet)\n", ep, s, e)
+  }
+  atomic {
+    lockh[i] == 0 ->  /* the record, in a transaction of its own */
+#endif
+    if :: i == BLUE && e > planned_b -> planned_b = e :: else -> skip fi;
     ck[i] = CK_PLANNED; ck_s[i] = s; ck_e[i] = e;
 #ifdef HANDOFF_LATEST
     if :: e > latest -> latest = e :: else -> skip fi;
 #endif
+#ifdef PLAN_RECORD_AFTER
+    printf("@@ "); say(i); printf(" e%d records its planned end %d; Spark writes offsets/N\n", ep, e)
+#else
     printf("@@ "); say(i); printf(" e%d plans [%d,%d)\n", ep, s, e)
+#endif
   }
 
 batch:
@@ -633,6 +659,10 @@ inline PLAN_RECOVERY() {
 #define CRASH_SAY printf("@@ the upgrade process crashes\n")
 proctype Upgrade() {
   byte c0;
+  byte pl;              /* blue's planned end, as the handoff read it under blue's row lock */
+#ifdef HANDOFF_LATEST
+  byte kl;              /* Kafka's latest offset, as the handoff read it before the lock */
+#endif
   byte H = OPEN;        /* the handoff offset, once the handoff committed */
   byte X;               /* green's cursor, as the abort read it */
   bit touched;
@@ -657,12 +687,20 @@ end_wait:
   :: skip
   fi;
 
-  /* _handoff, ONE transaction. Part 1: (lock blue's row and) read blue's open lease; refuse unless
-   * blue is ACTIVE and green READY (a standby: only the abort, in this process, fences it). */
+#ifdef HANDOFF_LATEST
+  /* _handoff reads Kafka's latest offset before its transaction: blue may plan past it meanwhile */
+  if
+  :: atomic { kl = latest; printf("@@ handoff reads Kafka's latest offset: %d\n", kl) }
+  CRASH(up_end)   /* crash */
+  fi;
+#endif
+  /* _handoff, ONE transaction. Part 1: (lock blue's row and) read blue's open lease and planned end;
+   * refuse unless blue is ACTIVE and green READY (a standby: only the abort, in this process,
+   * fences it). */
   if
 #if defined(NO_ROW_LOCK) || defined(NO_HANDOFF_LOCK)
   :: atomic {
-      c0 = l_cur[0];
+      c0 = l_cur[0]; pl = planned_b;
       printf("@@ handoff reads blue's lease WITHOUT locking blue's row: cursor %d\n", c0)
     }
 #else
@@ -674,8 +712,8 @@ end_wait:
         goto up_end
       :: else -> skip
       fi;
-      c0 = l_cur[0];
-      printf("@@ handoff locks blue's row, reads blue's lease: cursor %d\n", c0)
+      c0 = l_cur[0]; pl = planned_b;
+      printf("@@ handoff locks blue's row, reads blue's lease: cursor %d, planned end %d\n", c0, pl)
     }
 #endif
   CRASH(up_end)   /* crash */
@@ -684,15 +722,31 @@ end_wait:
    * commit. */
   if
   :: atomic {
-      /* H: an explicit offset (never below the cursor read), or Kafka's latest offset */
+      /* H: an explicit offset (never below the cursor read), or Kafka's latest offset (or later) */
       H = c0;
 #ifdef HANDOFF_LATEST
-      if :: latest > H -> H = latest :: else -> skip fi;
+      if :: kl > H -> H = kl :: else -> skip fi;
 #endif
       do
       :: H < N -> H++
       :: break
       od;
+#ifndef NO_PLANNED_END
+      /* upgrade_steps.handoff_offset: never below blue's planned end (a batch that may be in flight) */
+      if
+      :: H < pl ->
+#ifdef HANDOFF_LATEST
+        printf("@@ handoff raises H from %d to blue's planned end %d\n", H, pl);
+        H = pl
+#else
+        printf("@@ handoff refused: H=%d is below blue's planned end %d (rolled back)\n", H, pl);
+        if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
+        c0 = 0; pl = 0; H = OPEN;
+        goto abort
+#endif
+      :: else -> skip
+      fi;
+#endif
 #ifndef NO_ROW_LOCK
       /* close_lease: compare-and-set on the cursor read (cannot fail while blue's row is locked) */
       if
@@ -717,7 +771,10 @@ end_wait:
       :: else -> skip
       fi;
       if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
-      c0 = 0;
+      c0 = 0; pl = 0;
+#ifdef HANDOFF_LATEST
+      kl = 0;
+#endif
       recompute_caps();
       check_all()
     }
@@ -805,7 +862,10 @@ abort:
 up_end:
   atomic {
     if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
-    c0 = 0; H = 0; X = 0; touched = 0
+    c0 = 0; pl = 0; H = 0; X = 0; touched = 0;
+#ifdef HANDOFF_LATEST
+    kl = 0
+#endif
   }
 }
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kafka_consumer_pool
@@ -221,31 +221,60 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Every batch spans at most maxOffsetsPerTrigger offsets whatever ``limit`` Spark passes, the
         first batch after a restart or a long outage included: a batch is collected on the driver.
         Data loss is checked here, on the driver, so a restart on a position retention deleted fails
-        before any batch runs.
+        before any batch runs. With Relay's ledger the plan is made under the instance's row lock
+        and its ends are recorded before Spark writes ``offsets/N`` (see :meth:`_plan`); Kafka's
+        offsets are looked up first, outside that transaction.
         """
-        guard = self._read_guard()
-        if guard is not None and (guard.stop_requested or guard.hold):
-            return start  # no new batch: the query can stop between batches, a standby stays idle
-        earliest, latest = self._offsets(self._topic_partitions())
+        try:
+            earliest, latest = self._offsets(self._topic_partitions())
+        except Exception:
+            guard = self._read_guard()  # Kafka is down: a standby or a stopping query needs no offsets
+            if guard is not None and (guard.stop_requested or guard.hold):
+                return start
+            raise
         if self._available_now_end is not None:
             latest = {tp: min(end, self._available_now_end.get(tp, end)) for tp, end in latest.items()}
-        until = plan_batch_end(
-            from_offset_json(start),
-            earliest,
-            latest,
-            fail_on_data_loss=self.settings.fail_on_data_loss,
-            caps=guard.caps if guard is not None else None,
-            max_rows=batch_row_limit(limit, self.settings.max_offsets_per_trigger),
-            floors=guard.floors if guard is not None else None,
-        )
+        begin = from_offset_json(start)
+        max_rows = batch_row_limit(limit, self.settings.max_offsets_per_trigger)
+
+        def plan(guard: Any) -> PartitionOffsets | None:
+            if guard is not None and (guard.stop_requested or guard.hold):
+                return None  # no new batch: the query can stop between batches, a standby stays idle
+            return plan_batch_end(
+                begin,
+                earliest,
+                latest,
+                fail_on_data_loss=self.settings.fail_on_data_loss,
+                caps=guard.caps if guard is not None else None,
+                max_rows=max_rows,
+                floors=guard.floors if guard is not None else None,
+            )
+
+        until = self._plan(plan)
+        if until is None:
+            return start
         # Under failOnDataLoss=false the batch's start stays below earliest in Spark's offsets;
         # read() skips forward to earliest itself. Returning `start` itself when nothing moved keeps
         # Spark from planning an empty batch.
         end = to_offset_json(until)
         return start if end == start else end
 
+    def _plan(self, plan: Callable[[Any], PartitionOffsets | None]) -> PartitionOffsets | None:
+        """Run ``plan`` under Relay's ledger guard, or alone when no ledger is configured.
+
+        Why under the row lock, with the ends recorded in the same transaction: the upgrade's
+        handoff locks the same row and takes H at or above the recorded ends, so a batch of blue
+        never ends past H; a plan after the handoff sees blue's lease closed at H and is capped.
+        """
+        if self.settings.ledger_url_env is None or self.settings.instance_id is None:
+            return plan(None)
+        from relay.source_guard import plan_under_guard
+
+        url = ledger_url_from_env(self.settings.ledger_url_env)
+        return plan_under_guard(url, self.settings.instance_id, plan)
+
     def _read_guard(self) -> Any:
-        """Relay's ledger guard (stop flag and per-partition caps), or None when not configured."""
+        """Relay's ledger guard (stop flag, caps, floors) without the lock, or None when not configured."""
         if self.settings.ledger_url_env is None or self.settings.instance_id is None:
             return None
         from relay.source_guard import read_source_guard

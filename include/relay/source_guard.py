@@ -4,13 +4,20 @@ The source caps an instance's reads at the end of its leases (blue stops reading
 offset H) and plans no new batch once a stop is requested, so a graceful stop lands between batches.
 A warm standby (an upgrade's green before the handoff) holds: its query runs but plans nothing until
 a lease exists, and then reads from the lease's start, however far behind Spark's own position is.
+
+The source plans under the instance's row lock and records the batch's ends in the same transaction
+(:func:`plan_under_guard`), before Spark can write ``offsets/N`` and run the batch. The handoff locks
+the same row and takes H at or above those ends, so no batch of blue ever ends past H (issue #12):
+either the plan came first and H covers it, or the handoff came first and the plan is capped at H.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from relay.ledger.models import Lease
+from relay.ledger.models import Instance, Lease, Offsets
 from relay.ledger.store import Ledger
 
 _ledgers: dict[str, Ledger] = {}
@@ -44,13 +51,46 @@ def read_cap(leases: list[Lease]) -> int | None:
     return None
 
 
-def read_source_guard(ledger_url: str, instance_id: int) -> SourceGuard:
+def _ledger(ledger_url: str) -> Ledger:
     ledger = _ledgers.get(ledger_url)
     if ledger is None:
         ledger = _ledgers[ledger_url] = Ledger(ledger_url)
+    return ledger
+
+
+def read_source_guard(ledger_url: str, instance_id: int) -> SourceGuard:
+    """The guard alone, without the row lock: for reads that plan nothing (floors of a planned batch)."""
+    ledger = _ledger(ledger_url)
     with ledger.tx() as conn:
-        instance = ledger.instance(instance_id, conn)
-        leases = ledger.leases(instance_id, conn)
+        return guard_of(ledger.instance(instance_id, conn), ledger.leases(instance_id, conn))
+
+
+#: A batch's end offsets as the source plans them: (topic, partition) -> exclusive end.
+PlannedEnds = Mapping[tuple[str, int], int]
+P = TypeVar("P", bound=PlannedEnds)
+
+
+def plan_under_guard(ledger_url: str, instance_id: int, plan: Callable[[SourceGuard], P | None]) -> P | None:
+    """Plan a batch in ONE transaction holding the instance's row lock, and record its ends.
+
+    ``plan`` gets the guard and returns the batch's end offsets (None: no batch); it must be pure
+    (the Kafka offsets are looked up before), as the lock stalls the instance's commits and a
+    handoff meanwhile. The ends are written only where they pass the ends recorded before.
+    """
+    ledger = _ledger(ledger_url)
+    with ledger.tx() as conn:
+        instance, recorded = ledger.lock_planned(instance_id, conn)
+        until = plan(guard_of(instance, ledger.leases(instance_id, conn)))
+        if until:
+            ends: Offsets = {}
+            for (topic, partition), end in until.items():
+                ends.setdefault(topic, {})[partition] = end
+            ledger.raise_planned_ends(conn, instance_id, recorded, ends)
+    return until
+
+
+def guard_of(instance: Instance, leases: list[Lease]) -> SourceGuard:
+    """The guard of ``instance`` given its leases, read in one transaction."""
     stop = instance.stop_requested or not instance.state.live
     by_tp: dict[tuple[str, int], list[Lease]] = {}
     floors: dict[str, dict[int, int]] = {}

@@ -95,3 +95,17 @@ def test_row_lock_mutant_counterexample_is_green_reapplying_past_H(
     # blue commits between the handoff's read and its write; green then applies an offset again
     assert any(s.startswith("blue") and "commits batch" in s for s in steps[read:closed]), steps
     assert closed < again and steps[again].endswith("by green"), steps
+
+
+def test_planned_end_mutant_counterexample_is_issue_12(results: dict[str, dict[str, Any]]) -> None:
+    """Without H >= blue's planned end: a batch planned past H, committed while draining, strands blue."""
+    steps: list[str] = results["NO_PLANNED_END"]["counterexample"]
+    read = next(s for s in steps if s.startswith("handoff locks blue's row"))
+    closed = next(i for i, s in enumerate(steps) if s.startswith("handoff commits"))
+    aborted = next(i for i, s in enumerate(steps) if s.startswith("abort commits"))
+    stranded = next(i for i, s in enumerate(steps) if s.startswith("VIOLATION no_stranded_offset"))
+    planned = int(read.rsplit("planned end ", 1)[1])
+    h = int(steps[closed].split("H=", 1)[1].split(" ", 1)[0])
+    assert h < planned, steps  # the fix refuses (explicit H) or raises (latest) exactly this H
+    assert closed < aborted < stranded, steps
+    assert any(s.startswith("blue") and "commits batch" in s for s in steps[closed:aborted]), steps

@@ -9,8 +9,8 @@ from sqlalchemy.engine import Connection
 
 from relay.errors import CursorConflictError, LedgerError
 from relay.ledger import schema as s
-from relay.ledger.base import LedgerBase, gap_from_row, lease_from_row
-from relay.ledger.models import Gap, Instance, Lease, Offsets
+from relay.ledger.base import LedgerBase, gap_from_row, instance_from_row, lease_from_row
+from relay.ledger.models import Gap, Instance, Lease, Offsets, offsets_from_json, offsets_to_json
 
 NO_END = -1  # stands for an open lease (end_offset NULL) in the compare-and-set; offsets are >= 0
 _CAS_CURSOR = (
@@ -193,6 +193,42 @@ class LeasesMixin(LedgerBase):
             if end is None or lease.next_offset < end:
                 taken.append(self.open_lease(conn, to, lease.topic, lease.partition, lease.next_offset, end))
         return taken
+
+    # ------------------------------------------------------------------ planned ends (issue #12)
+    def lock_planned(self, instance_id: int, conn: Connection) -> tuple[Instance, Offsets]:
+        """Lock the instance row (as a commit and the handoff do) and read it with its planned ends.
+
+        One statement. On PostgreSQL a ``FOR UPDATE`` that waited returns the row as the lock holder
+        committed it, so a handoff sees the ends a planner recorded just before, and vice versa.
+        """
+        row = conn.execute(
+            select(s.instances).where(s.instances.c.id == instance_id).with_for_update()
+        ).first()
+        if row is None:
+            raise LedgerError(f"no instance {instance_id} in the ledger")
+        return instance_from_row(row), offsets_from_json(row._mapping["planned_ends"] or {})
+
+    def raise_planned_ends(
+        self, conn: Connection, instance_id: int, recorded: Offsets, ends: Offsets
+    ) -> bool:
+        """Record ``ends`` where they pass ``recorded`` (read by :meth:`lock_planned` in this
+        transaction, the row lock held); True when it wrote. The ends only grow: a replayed or
+        shorter batch changes nothing, and an empty plan writes nothing."""
+        merged = {topic: dict(parts) for topic, parts in recorded.items()}
+        grew = False
+        for topic, parts in ends.items():
+            known = merged.setdefault(topic, {})
+            for partition, end in parts.items():
+                if end > known.get(partition, -1):
+                    known[partition] = int(end)
+                    grew = True
+        if grew:  # not set_instance: updated_at dates state changes (green's READY time)
+            conn.execute(
+                s.instances.update()
+                .where(s.instances.c.id == instance_id)
+                .values(planned_ends=offsets_to_json(merged))
+            )
+        return grew
 
     def frontier(self, pipeline: str) -> Offsets:
         """Per partition, the highest offset any lease of the pipeline reaches (end or cursor)."""

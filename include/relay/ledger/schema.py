@@ -63,6 +63,9 @@ instances = Table(
     Column("updated_at", Float, nullable=False),
     # v2: sha256 of the launch token Relay handed to the instance's submission (never the token).
     Column("launch_token_hash", String(64)),
+    # v4: the highest end offset the instance's source ever planned, {"topic": {"partition": end}},
+    # recorded under the row lock before Spark can run the batch; the handoff takes H at or above it.
+    Column("planned_ends", JSON),
 )
 Index("ix_instances_pipeline_state", instances.c.pipeline, instances.c.state)
 
@@ -239,8 +242,14 @@ def _v3(conn: Connection) -> None:
     _add_column(conn, messages, "value_bytes")
 
 
+def _v4(conn: Connection) -> None:
+    """Planned ends: a batch blue planned before the handoff could end past H (issue #12); NULL
+    (rows of v3) means nothing recorded yet."""
+    _add_column(conn, instances, "planned_ends")
+
+
 # Append new migrations; never edit an applied one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -24,7 +24,7 @@ from relay.errors import ConfigError, OperationError
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import app_name, kill
 from relay.ledger import schema as s
-from relay.ledger.models import Instance, InstanceState
+from relay.ledger.models import Instance, InstanceState, Lease, Offsets
 from relay.ledger.store import Ledger
 from relay.operations.deploy import launch_or_fail
 from relay.operations.upgrade_finish import (  # noqa: F401 - the blue side, re-exported for callers
@@ -136,7 +136,7 @@ def hand_off(config: RelayConfig, ledger: Ledger, op_id: int, progress: Progress
     green = ledger.instance(op["data"]["green_id"])
     try:
         _handoff(config, ledger, op_id, blue, green, explicit)
-    except ConfigError as exc:  # an explicit H below blue's cursor: nothing moved, green goes
+    except ConfigError as exc:  # an explicit H below blue's cursor or planned end: nothing moved
         return abort(config, ledger, op_id, str(exc), progress)
     crash_point("upgrade.handed_off")
     op = ledger.operation(op_id)
@@ -152,12 +152,19 @@ def _handoff(
     green: Instance,
     explicit: dict[int, int] | None,
 ) -> None:
-    """One transaction: close blue's open leases at H, open green's at H, green READY -> STARTING."""
+    """One transaction: close blue's open leases at H, open green's at H, green READY -> STARTING.
+
+    H is never below blue's cursor nor below the end of a batch blue's source planned (recorded
+    under blue's row lock, which this transaction holds): such a batch may still be in flight, and
+    committed past H it would move blue's Spark position past what an abort gives back (issue #12).
+    Kafka's latest offset (read before the lock) is raised to it; an explicit H below it is refused.
+    """
     with KafkaOffsets(config.kafka_bootstrap) as kafka:
         latest = kafka.latest(config.topic)
     with ledger.tx() as conn:
-        # Lock blue's row first: blue's commits lock it too, so no cursor moves while H is chosen.
-        blue = ledger.instance(blue.id, conn, lock=True)
+        # Lock blue's row first: blue's commits and its source's planning lock it too, so no cursor
+        # moves and no batch is planned while H is chosen.
+        blue, planned = ledger.lock_planned(blue.id, conn)
         if blue.state is not InstanceState.ACTIVE:
             raise OperationError(f"blue (instance {blue.id}) is {blue.state.value}, not ACTIVE: no handoff")
         green = ledger.instance(green.id, conn, lock=True)
@@ -165,16 +172,9 @@ def _handoff(
             raise OperationError(f"green (instance {green.id}) is {green.state.value}, not READY: no handoff")
         open_leases = [lease for lease in ledger.leases(blue.id, conn) if lease.end_offset is None]
         blue_cursors = {str(lease.partition): lease.next_offset for lease in open_leases}
-        h: dict[int, int] = {}
+        h = {lease.partition: handoff_offset(lease, planned, explicit, latest) for lease in open_leases}
         for lease in open_leases:
-            target = (explicit or latest).get(lease.partition, latest.get(lease.partition, lease.next_offset))
-            if target < lease.next_offset:
-                raise ConfigError(
-                    f"handoff offset {target} of {lease.topic}[{lease.partition}] is below blue's "
-                    f"cursor {lease.next_offset}: those offsets are already applied"
-                )
-            h[lease.partition] = target
-            ledger.close_lease(conn, lease, target)
+            ledger.close_lease(conn, lease, h[lease.partition])
         for partition, offset in sorted(h.items()):
             ledger.open_lease(conn, green, config.topic, partition, offset)
         ledger.set_instance(green.id, conn, state=InstanceState.STARTING)
@@ -185,9 +185,39 @@ def _handoff(
             UpgradeState.GREEN_STARTING.value,
             conn=conn,
             blue_cursors=blue_cursors,
+            blue_planned={str(p): planned.get(config.topic, {}).get(p) for p in sorted(h)},
             handoff={str(p): o for p, o in h.items()},
             handoff_at=time.time(),
         )
+
+
+def handoff_offset(
+    lease: Lease, planned: Offsets, explicit: dict[int, int] | None, latest: dict[int, int]
+) -> int:
+    """H of one of blue's open leases: at or above its cursor and blue's planned end there.
+
+    ``latest`` (Kafka's end, read before blue's row was locked) is raised to both: blue may have
+    planned, and even committed, past it since. An explicit H below either is refused (ConfigError:
+    the upgrade aborts, nothing moved): the operator asked for that H, and raising it would change
+    which version applies which offsets behind their back.
+    """
+    cursor = lease.next_offset
+    end = planned.get(lease.topic, {}).get(lease.partition, cursor)
+    where = f"{lease.topic}[{lease.partition}]"
+    if explicit is None or lease.partition not in explicit:
+        return max(latest.get(lease.partition, cursor), cursor, end)
+    target = explicit[lease.partition]
+    if target < cursor:
+        raise ConfigError(
+            f"handoff offset {target} of {where} is below blue's cursor {cursor}: "
+            "those offsets are already applied"
+        )
+    if target < end:
+        raise ConfigError(
+            f"handoff offset {target} of {where} is below {end}, the end of a batch blue has "
+            f"already planned (it may be running): hand off at {end} or later, or at latest"
+        )
+    return target
 
 
 # ------------------------------------------------------------------------- 4. cutover gate
