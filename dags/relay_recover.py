@@ -2,7 +2,7 @@
 ### relay_recover: offset-reset recovery when retention deleted what the checkpoint points at
 
 ```
-plan -> approve -> execute -> wait_first_commit -> audit
+plan -> approve -> open_recovery -> stop -> verify_none_runs -> execute -> wait_first_commit -> audit
 ```
 
 The steps of `relay recover` (`relay.operations.recover`, `recover_steps`), one task each:
@@ -21,10 +21,14 @@ The steps of `relay recover` (`relay.operations.recover`, `recover_steps`), one 
   within seconds of the pause can hit an Airflow 3.3.2 scheduler race (apache/airflow #67287,
   #71580): the answered task ends `failed`, nothing is executed and the ledger is unchanged; answer
   after the scheduler logged the parked task's end (`state=awaiting_input`), or trigger again.
-* **execute**: open the recovery in the ledger (refused if retention took more than the approved
-  plan declares lost), stop whatever runs and verify none runs (Spark master's REST view), archive
-  the old checkpoints (renamed, never deleted), record lost and skipped ranges as gaps with `reason`,
-  open new leases at the targets, submit a fresh instance.
+* **open_recovery**: open the recovery in the ledger at RECOVERING (refused if retention took more
+  than the approved plan declares lost); nothing else changes yet.
+* **stop** (deferred: no worker held while the drivers finish their batch) and **verify_none_runs**
+  (deferred: the Spark master's REST view shows nothing of the pipeline): `relay_stop`'s own tasks,
+  run only while the recovery is RECOVERING (a rerun after the archive never stops the new instance).
+* **execute**: check again that nothing runs, archive the old checkpoints (renamed, never deleted),
+  record lost and skipped ranges as gaps with `reason`, open new leases at the targets, submit a
+  fresh instance.
 * **wait_first_commit** (deferred: no worker held) for the new instance (300 s) -> EXECUTED; a driver
   that dies first ends the recovery FAILED.
 * **audit**: the ledger audit must be clean (declared gaps count as accounted for); then the asset
@@ -45,9 +49,10 @@ milliseconds or ISO 8601, `offsets` an object of non-negative partition -> non-n
 across params (strategy `timestamp` needs `time`, `offsets` needs `offsets`, neither may be given with
 another strategy) fail the `plan` task at once with one line, before anything is read or changed.
 
-**Clearing:** `plan` may always be cleared (it only reads). `execute`, `wait_first_commit` and `audit`
-find the recovery this run opened (by the run's key) and go on from its persisted state, so each may
-be cleared and rerun. Clearing `approve` asks again (only before `execute` ran).
+**Clearing:** `plan` may always be cleared (it only reads). `open_recovery` finds the recovery this run
+opened (by the run's key) instead of opening another; `stop`, `verify_none_runs`, `execute`,
+`wait_first_commit` and `audit` go on from its persisted state, so each may be cleared and rerun.
+Clearing `approve` asks again (only before `open_recovery` ran).
 
 **Retries: 0** (an operator decides after a failure; the plan is always safe to re-run).
 
@@ -66,6 +71,7 @@ from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.approval import RecoveryApprovalOperator
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
 from relay_airflow.tasks import recover as steps
+from relay_airflow.tasks import stop as stops
 
 with relay_dag(
     "relay_recover",
@@ -97,6 +103,19 @@ with relay_dag(
 ) as dag:
     plan = task(task_id="plan", execution_timeout=timedelta(minutes=10))(steps.plan)()
     approve = RecoveryApprovalOperator(task_id="approve", execution_timeout=timedelta(minutes=5))
+    opened = task(task_id="open_recovery", execution_timeout=timedelta(minutes=10))(steps.open_recovery)()
+    stop = LedgerWaitOperator(
+        task_id="stop",
+        prepare=steps.stop_prepare,
+        complete=stops.stop_complete,
+        execution_timeout=timedelta(minutes=20),
+    )
+    verify = LedgerWaitOperator(
+        task_id="verify_none_runs",
+        prepare=steps.verify_prepare,
+        complete=stops.verify_complete,
+        execution_timeout=timedelta(minutes=10),
+    )
     execute = task(task_id="execute", execution_timeout=timedelta(minutes=30))(steps.execute)()
     wait = LedgerWaitOperator(
         task_id="wait_first_commit",
@@ -105,4 +124,4 @@ with relay_dag(
         execution_timeout=timedelta(minutes=20),
     )
     audit = task(task_id="audit", execution_timeout=timedelta(minutes=10), outlets=[PIPELINES])(steps.audit)()
-    plan >> approve >> execute >> wait >> audit
+    plan >> approve >> opened >> stop >> verify >> execute >> wait >> audit

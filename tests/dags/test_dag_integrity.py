@@ -138,7 +138,16 @@ STEPS = {
         "verify_single_instance",
         "audit",
     ],
-    "relay_recover": ["plan", "approve", "execute", "wait_first_commit", "audit"],
+    "relay_recover": [
+        "plan",
+        "approve",
+        "open_recovery",
+        "stop",
+        "verify_none_runs",
+        "execute",
+        "wait_first_commit",
+        "audit",
+    ],
 }
 #: The waits: deferrable (they hand the wait to the triggerer and hold no worker).
 WAITS = {
@@ -151,7 +160,7 @@ WAITS = {
         "stop_blue",
         "verify_single_instance",
     },
-    "relay_recover": {"wait_first_commit"},
+    "relay_recover": {"stop", "verify_none_runs", "wait_first_commit"},
 }
 
 

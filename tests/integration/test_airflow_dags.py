@@ -206,8 +206,9 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
         rejected = wait_dag_run(config, dag_id, run_id, timeout=300)
         assert rejected["state"] == "success", api.explain(dag_id, run_id)
         assert [
-            api.task_state(dag_id, run_id, t) for t in ("approve", "execute", "wait_first_commit", "audit")
-        ] == ["skipped"] * 4
+            api.task_state(dag_id, run_id, t)
+            for t in ("approve", "open_recovery", "stop", "verify_none_runs", "execute", "wait_first_commit")
+        ] == ["skipped"] * 6
         assert _ledger_state(ledger, config.pipeline) == before
         assert api.asset_events(dag_id, run_id) == []
 

@@ -77,6 +77,9 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
     assert run.tasks == {
         "plan": "success",
         "approve": "skipped",  # a dry run asks nobody and ends after the plan
+        "open_recovery": "skipped",
+        "stop": "skipped",
+        "verify_none_runs": "skipped",
         "execute": "skipped",
         "wait_first_commit": "skipped",
         "audit": "skipped",

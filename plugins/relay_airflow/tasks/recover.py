@@ -1,8 +1,10 @@
-"""relay_recover's tasks: plan, (approve: the operator), execute, wait for the first commit, audit.
+"""relay_recover's tasks: plan, (approve: the operator), open, stop and verify (deferred, relay_stop's
+own tasks), execute, wait for the first commit, audit.
 
-The recovery is opened in the ledger only by ``execute``, after the approval: a rejected or dry run
-changes nothing. ``execute`` and the tasks after it find this run's recovery by the run's key, so
-each can be cleared and rerun.
+The recovery is opened in the ledger only by ``open_recovery``, after the approval: a rejected or dry
+run changes nothing. The tasks after it find this run's recovery by the run's key, so each can be
+cleared and rerun; the stop and its check act only while the recovery is RECOVERING (never on the
+instance a recovery has already submitted).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from relay.operations.waits import FIRST_COMMIT
 from relay_airflow.assets import emit_pipeline_event
 from relay_airflow.operators.ledger_wait import WaitFor
 from relay_airflow.tasks import ledger_of, log, relay_config, run_key, upstream
+from relay_airflow.tasks import stop as stops
 from relay_airflow.triggers.ledger_wait import DONE
 
 FIRST_COMMIT_WAIT_S = 300.0  # the new instance's first commit (as `relay recover --execute`)
@@ -67,8 +70,9 @@ def _this_run(context: Any) -> dict:
     return op
 
 
-def execute() -> dict[str, Any]:
-    """After the approval: open (or resume) the recovery, stop and archive, lease, submit."""
+def open_recovery() -> dict[str, Any]:
+    """After the approval: open the recovery (RECOVERING: nothing changed yet), or resume this run's
+    or an unfinished one the plan named."""
     context = get_current_context()
     config = relay_config(context)
     ledger = ledger_of(config)
@@ -82,7 +86,34 @@ def execute() -> dict[str, Any]:
         op = steps.open_recovery(config, planned["plan"], arguments(context["params"]), log.info, key)
     if op["state"] == RecoveryState.FAILED.value:
         raise AirflowFailException(f"recovery {op['id']} FAILED: {op.get('error')}")
-    op = steps.execute_until_launched(config, ledger, op["id"], progress=log.info)
+    return _summary(config.pipeline, op)
+
+
+def _recovering(context: Any) -> dict | None:
+    """This run's recovery when it still has to stop the pipeline (None: it is past that)."""
+    op = _this_run(context)
+    return op if op["state"] == RecoveryState.RECOVERING.value else None
+
+
+def stop_prepare(context: Any) -> WaitFor | dict[str, Any]:
+    """relay_stop's graceful stop, deferred (no worker held while drivers finish their batch)."""
+    if _recovering(context) is None:
+        return _summary(relay_config(context).pipeline, _this_run(context))
+    return stops.stop_prepare(context)
+
+
+def verify_prepare(context: Any) -> WaitFor | dict[str, Any]:
+    """relay_stop's check that the master runs nothing of the pipeline, deferred."""
+    if _recovering(context) is None:
+        return _summary(relay_config(context).pipeline, _this_run(context))
+    return stops.verify_prepare(context)
+
+
+def execute() -> dict[str, Any]:
+    """Archive the checkpoints (after checking again that nothing runs), lease, submit."""
+    context = get_current_context()
+    config = relay_config(context)
+    op = steps.execute_until_launched(config, ledger_of(config), _this_run(context)["id"], progress=log.info)
     return _summary(config.pipeline, op)
 
 

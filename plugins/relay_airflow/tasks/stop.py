@@ -14,11 +14,13 @@ from relay_airflow.operators.ledger_wait import WaitFor
 from relay_airflow.tasks import ledger_of, log, relay_config, upstream
 from relay_airflow.triggers.ledger_wait import DONE, FAILED
 
+STOP_TIMEOUT_S = 120.0  # a DAG without a timeout_seconds param (relay_recover): `relay stop`'s default
+
 
 def stop_prepare(context: Any) -> WaitFor | dict[str, Any]:
     """Request the graceful stops; nothing live = nothing to wait for (a rerun after a stop)."""
     config = relay_config(context)
-    timeout_s = float(context["params"]["timeout_seconds"])
+    timeout_s = float(context["params"].get("timeout_seconds", STOP_TIMEOUT_S))
     requested_at = time.time()
     ids = request_stops(config, ledger_of(config), log.info)
     if not ids:
