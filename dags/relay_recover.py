@@ -104,18 +104,7 @@ with relay_dag(
     plan = task(task_id="plan", execution_timeout=timedelta(minutes=10))(steps.plan)()
     approve = RecoveryApprovalOperator(task_id="approve", execution_timeout=timedelta(minutes=5))
     opened = task(task_id="open_recovery", execution_timeout=timedelta(minutes=10))(steps.open_recovery)()
-    stop = LedgerWaitOperator(
-        task_id="stop",
-        prepare=steps.stop_prepare,
-        complete=stops.stop_complete,
-        execution_timeout=timedelta(minutes=20),
-    )
-    verify = LedgerWaitOperator(
-        task_id="verify_none_runs",
-        prepare=steps.verify_prepare,
-        complete=stops.verify_complete,
-        execution_timeout=timedelta(minutes=10),
-    )
+    stop, verify = stops.stop_and_verify(steps.stop_prepare, steps.verify_prepare)
     execute = task(task_id="execute", execution_timeout=timedelta(minutes=30))(steps.execute)()
     wait = LedgerWaitOperator(
         task_id="wait_first_commit",

@@ -30,11 +30,8 @@ A failed task is alerted by `RelayAlertNotifier` through the connection `relay_a
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from airflow.sdk import Param
 from relay_airflow.dag_factory import pipeline_param, relay_dag
-from relay_airflow.operators.ledger_wait import LedgerWaitOperator
 from relay_airflow.tasks import stop as steps
 
 with relay_dag(
@@ -51,16 +48,5 @@ with relay_dag(
         ),
     },
 ) as dag:
-    stop = LedgerWaitOperator(
-        task_id="stop",
-        prepare=steps.stop_prepare,
-        complete=steps.stop_complete,
-        execution_timeout=timedelta(minutes=20),
-    )
-    verify = LedgerWaitOperator(
-        task_id="verify_none_runs",
-        prepare=steps.verify_prepare,
-        complete=steps.verify_complete,
-        execution_timeout=timedelta(minutes=10),
-    )
+    stop, verify = steps.stop_and_verify()
     stop >> verify

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -55,3 +56,24 @@ def verify_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
         raise AirflowFailException(f"still running: {OnlyAppsWait(config, []).mismatch()}")
     stopped = (upstream(context, "stop") or {}).get("stopped", [])
     return {**verify_stopped(config, ledger_of(config)), "stopped": stopped}
+
+
+def stop_and_verify(
+    prepare_stop: Callable[[Any], Any] = stop_prepare, prepare_verify: Callable[[Any], Any] = verify_prepare
+) -> tuple[Any, Any]:
+    """The deferred ``stop`` and ``verify_none_runs`` tasks (relay_stop's; relay_recover's with its
+    own prepares, which skip them once the recovery is past its stop), in the current DAG."""
+    from datetime import timedelta
+
+    from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+
+    stop = LedgerWaitOperator(
+        task_id="stop", prepare=prepare_stop, complete=stop_complete, execution_timeout=timedelta(minutes=20)
+    )
+    verify = LedgerWaitOperator(
+        task_id="verify_none_runs",
+        prepare=prepare_verify,
+        complete=verify_complete,
+        execution_timeout=timedelta(minutes=10),
+    )
+    return stop, verify
