@@ -20,11 +20,14 @@ test: setup
 test-long: setup
 	$(PY) -m pytest -q --durations=30 tests
 
-# The browser check of Airflow's UI (headless Debian Chromium): relay_health and the operation DAGs
-# active, relay_health with a next run; screenshot paths printed (a private stack: ~2 min when the
-# machine is quiet, 7 min seen with load 15 on 2 cores).
+# The browser check (headless Debian Chromium) on the stack `make run` started (RELAY_BROWSER_STACK=running:
+# nothing started or stopped; fails when that stack or its pipeline is not up): upgrades the demo
+# pipeline once through relay_upgrade (to the next vN) and runs relay_health, then checks the DAG list,
+# relay_upgrade's Graph of that run and the Relay page's plots with the pipeline's data. Screenshot
+# paths printed; RELAY_SCREENSHOT_DIR=docs/img saves the README's. 2.5-5 min on 2 cores. `make test` runs
+# the same test on a private stack of its own (make run's steps on free ports under var/pytest/; 4.5-11 min).
 browser-check: setup
-	$(PY) -m pytest -q -s tests/integration/test_airflow_ui_browser.py
+	RELAY_BROWSER_STACK=running $(PY) -m pytest -q -s tests/integration/test_airflow_ui_browser.py
 
 # Model-check the protocol (model/relay.pml) with spin: the model passes, every mutant fails.
 model: setup
