@@ -111,6 +111,11 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(SourceSettings.from_options(self.options))
 
 
+def _idle(guard: Any) -> bool:
+    """No new batch: the query can stop between batches, and a standby stays warm reading nothing."""
+    return guard is not None and (guard.stop_requested or guard.hold)
+
+
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches from Kafka offsets and reads them; see the module docstring."""
 
@@ -228,8 +233,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             earliest, latest = self._offsets(self._topic_partitions())
         except Exception:
-            guard = self._read_guard()  # Kafka is down: a standby or a stopping query needs no offsets
-            if guard is not None and (guard.stop_requested or guard.hold):
+            if _idle(self._read_guard()):  # Kafka is down: a standby or a stopping query needs no offsets
                 return start
             raise
         if self._available_now_end is not None:
@@ -238,8 +242,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = batch_row_limit(limit, self.settings.max_offsets_per_trigger)
 
         def plan(guard: Any) -> PartitionOffsets | None:
-            if guard is not None and (guard.stop_requested or guard.hold):
-                return None  # no new batch: the query can stop between batches, a standby stays idle
+            if _idle(guard):
+                return None
             return plan_batch_end(
                 begin,
                 earliest,
@@ -266,21 +270,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         handoff locks the same row and takes H at or above the recorded ends, so a batch of blue
         never ends past H; a plan after the handoff sees blue's lease closed at H and is capped.
         """
-        if self.settings.ledger_url_env is None or self.settings.instance_id is None:
+        url = self._ledger_url()
+        if url is None:
             return plan(None)
         from relay.source_guard import plan_under_guard
 
-        url = ledger_url_from_env(self.settings.ledger_url_env)
         return plan_under_guard(url, self.settings.instance_id, plan)
 
     def _read_guard(self) -> Any:
         """Relay's ledger guard (stop flag, caps, floors) without the lock, or None when not configured."""
-        if self.settings.ledger_url_env is None or self.settings.instance_id is None:
+        url = self._ledger_url()
+        if url is None:
             return None
         from relay.source_guard import read_source_guard
 
-        url = ledger_url_from_env(self.settings.ledger_url_env)
         return read_source_guard(url, self.settings.instance_id)
+
+    def _ledger_url(self) -> str | None:
+        """Relay's ledger for this instance's guard, or None when the source runs without one."""
+        if self.settings.ledger_url_env is None or self.settings.instance_id is None:
+            return None
+        return ledger_url_from_env(self.settings.ledger_url_env)
 
     def reportLatestOffset(self) -> OffsetJson | None:
         """Broker end offsets of every partition, for the query's progress (lag) only."""

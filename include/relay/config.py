@@ -10,8 +10,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relay.errors import ConfigError
+
+if TYPE_CHECKING:
+    from relay.pipelines_file import PipelinesFile
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIN_KEEP_VERSIONS = 2  # the running version and the one a rollback returns to
@@ -127,11 +131,8 @@ def load_config(env: Mapping[str, str] | None = None, pipeline: str | None = Non
     ``pipeline`` (the CLI's ``--pipeline``, a DAG's param) else ``RELAY_PIPELINE`` else the file's
     default selects it; without a file it only names the pipeline, as ``RELAY_PIPELINE`` always did.
     """
-    from relay.pipelines_file import load_pipelines_file
-
     env = os.environ if env is None else env
-    base = _from_env(env)
-    declared = load_pipelines_file(env, base.data_dir)
+    base, declared = _declared(env)
     name = pipeline or env.get("RELAY_PIPELINE") or None
     if declared is None:
         return base.with_(pipeline=name) if name and name != base.pipeline else base
@@ -141,16 +142,21 @@ def load_config(env: Mapping[str, str] | None = None, pipeline: str | None = Non
 def pipeline_names(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
     """The pipelines one can act on, and the one chosen when none is named (``RELAY_PIPELINE`` if
     set, else the file's default): what ``--pipeline`` and the DAGs' ``pipeline`` param offer."""
-    from relay.pipelines_file import load_pipelines_file
-
     env = os.environ if env is None else env
-    base = _from_env(env)
-    declared = load_pipelines_file(env, base.data_dir)
+    base, declared = _declared(env)
     if declared is None:
         return [base.pipeline], base.pipeline
     chosen = env.get("RELAY_PIPELINE") or declared.default
     declared.settings(chosen)  # an undeclared RELAY_PIPELINE is refused here too
     return declared.names, chosen
+
+
+def _declared(env: Mapping[str, str]) -> tuple[RelayConfig, PipelinesFile | None]:
+    """The environment's configuration and the pipelines file found from it (None: no file)."""
+    from relay.pipelines_file import load_pipelines_file
+
+    base = _from_env(env)
+    return base, load_pipelines_file(env, base.data_dir)
 
 
 def _from_env(env: Mapping[str, str]) -> RelayConfig:

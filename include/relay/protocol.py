@@ -237,6 +237,13 @@ def _record(
 Ranges = dict[tuple[str, int], tuple[int, int]]
 
 
+def _span(lease: Lease, planned_end: int) -> tuple[int, int]:
+    """What ``lease`` may apply of a batch planned to ``planned_end``: from its cursor to the nearer
+    of its end and the batch's (empty when the cursor is there already)."""
+    end = lease.end_offset if lease.end_offset is not None else planned_end
+    return lease.next_offset, min(planned_end, end)
+
+
 def _task_ranges(by_tp: dict[tuple[str, int], list[Lease]], start: Offsets | None, end: Offsets) -> Ranges:
     """Per (topic, partition), the one range ``[first, end)`` of the batch this instance may apply."""
     out: Ranges = {}
@@ -244,13 +251,7 @@ def _task_ranges(by_tp: dict[tuple[str, int], list[Lease]], start: Offsets | Non
         planned_end = end.get(topic, {}).get(partition)
         if planned_end is None:
             continue
-        spans = sorted(
-            (
-                lease.next_offset,
-                min(planned_end, lease.end_offset if lease.end_offset is not None else planned_end),
-            )
-            for lease in tp_leases
-        )
+        spans = sorted(_span(lease, planned_end) for lease in tp_leases)
         spans = [(a, b) for a, b in spans if b > a]
         if not spans:
             continue
@@ -293,11 +294,11 @@ def prepare_tasks(
         ranges = _task_ranges(by_tp, start, end)
         if predecessors is None or not ranges:
             return ranges, {}
-        writing = [  # the leases whose span _task_ranges kept: not drained, below the planned end
+        writing = [  # the leases whose span _task_ranges kept (a non-empty one)
             lease
-            for tp, (_, last) in ranges.items()
-            for lease in by_tp[tp]
-            if lease.next_offset < min(last, lease.end_offset if lease.end_offset is not None else last)
+            for topic, partition in ranges
+            for lease in by_tp[(topic, partition)]
+            if (span := _span(lease, end[topic][partition]))[0] < span[1]
         ]
         return ranges, predecessors.for_leases(ledger, conn, instance, writing)
 

@@ -174,11 +174,15 @@ class LedgerBase:
         if conn is None:
             with self.tx() as c:
                 return self.instance(instance_id, c)
+        return instance_from_row(self.instance_row(instance_id, conn, lock))
+
+    def instance_row(self, instance_id: int, conn: Connection, lock: bool = False) -> Row:
+        """The instance's row (locked FOR UPDATE with ``lock``); LedgerError when there is none."""
         q = select(s.instances).where(s.instances.c.id == instance_id)
         row = conn.execute(q.with_for_update() if lock else q).first()
         if row is None:
             raise LedgerError(f"no instance {instance_id} in the ledger")
-        return instance_from_row(row)
+        return row
 
     def instances(
         self, pipeline: str, live_only: bool = False, conn: Connection | None = None

@@ -201,11 +201,7 @@ class LeasesMixin(LedgerBase):
         One statement. On PostgreSQL a ``FOR UPDATE`` that waited returns the row as the lock holder
         committed it, so a handoff sees the ends a planner recorded just before, and vice versa.
         """
-        row = conn.execute(
-            select(s.instances).where(s.instances.c.id == instance_id).with_for_update()
-        ).first()
-        if row is None:
-            raise LedgerError(f"no instance {instance_id} in the ledger")
+        row = self.instance_row(instance_id, conn, lock=True)
         return instance_from_row(row), offsets_from_json(row._mapping["planned_ends"] or {})
 
     def raise_planned_ends(

@@ -89,24 +89,21 @@ def open_recovery() -> dict[str, Any]:
     return _summary(config.pipeline, op)
 
 
-def _recovering(context: Any) -> dict | None:
-    """This run's recovery when it still has to stop the pipeline (None: it is past that)."""
+def _past_the_stop(context: Any) -> dict[str, Any] | None:
+    """This run's summary when its recovery is past RECOVERING (stopped and archived already:
+    nothing to stop or check, and the new instance must not be stopped), else None."""
     op = _this_run(context)
-    return op if op["state"] == RecoveryState.RECOVERING.value else None
+    return None if op["state"] == RecoveryState.RECOVERING.value else _summary(op["pipeline"], op)
 
 
 def stop_prepare(context: Any) -> WaitFor | dict[str, Any]:
     """relay_stop's graceful stop, deferred (no worker held while drivers finish their batch)."""
-    if _recovering(context) is None:
-        return _summary(relay_config(context).pipeline, _this_run(context))
-    return stops.stop_prepare(context)
+    return _past_the_stop(context) or stops.stop_prepare(context)
 
 
 def verify_prepare(context: Any) -> WaitFor | dict[str, Any]:
     """relay_stop's check that the master runs nothing of the pipeline, deferred."""
-    if _recovering(context) is None:
-        return _summary(relay_config(context).pipeline, _this_run(context))
-    return stops.verify_prepare(context)
+    return _past_the_stop(context) or stops.verify_prepare(context)
 
 
 def execute() -> dict[str, Any]:
