@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from relay.config import RelayConfig
@@ -57,7 +58,8 @@ def cmd_bench(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay_dev.bench import BenchOptions, render_table, run_bench
 
     options = BenchOptions.build(quick=a.quick, messages=a.messages, only=a.only)
-    result = run_bench(options, progress=_say, host=cfg.host)
+    results_dir = Path(a.results_dir) if a.results_dir else None
+    result = run_bench(options, progress=_say, host=cfg.host, results_dir=results_dir)
     as_json = getattr(a, "json", False)
     if not as_json:
         print(render_table(result), flush=True)
@@ -116,6 +118,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
         default=None,
         help=f"comma-separated sections: {','.join(SECTIONS)}",
     )
+    bn.add_argument("--results-dir", default=None, help="also write the result there, e.g. bench/results")
     ch = sub.add_parser("chaos", help="kill stack parts at random under load, then deep audit (var/chaos/)")
     length = ch.add_mutually_exclusive_group()
     length.add_argument(

@@ -5,7 +5,8 @@ against a baseline measured minutes apart on the same machine (a plain kafka-pyt
 ``rate`` source, a bare INSERT, a cold deploy, the idle stack) says what Relay itself costs.
 
 Sections (each can be run alone with ``--only``): throughput, overhead, ledger, upgrade, recovery,
-memory. The stack (noida-db, Spark master + worker, and PostgreSQL for the ledger section) runs on
+memory, pipeline (a user pipeline, examples/json_upsert, against a consumer doing the same upserts).
+The stack (noida-db, Spark master + worker, and PostgreSQL for the ledger and pipeline sections) runs on
 free loopback ports under ``var/bench/<timestamp>/`` and is always stopped by PID at the end, also on
 failure. Results go to ``var/bench/results-<timestamp>.json``. This package imports neither pyspark nor
 Airflow: the Spark baseline runs as a subprocess (``bench/rate_overhead.py``).
@@ -19,7 +20,8 @@ Modules:
 - ``cluster``: the private stack's configuration on free ports, cursors and latest offsets;
 - ``context``: what sections share, the v1 deploy, stopping child processes;
 - ``sampler``: memory of the stack's processes, sampled from /proc;
-- ``throughput``, ``overhead``, ``ledger``, ``upgrade``, ``recovery``, ``memory``: one section each;
+- ``throughput``, ``overhead``, ``ledger``, ``upgrade``, ``recovery``, ``memory``, ``pipeline``: one
+  section each;
 - ``runner``: ``run_bench``, the run on a private stack, always stopped at the end.
 
 The names below are re-exported so ``from relay_dev.bench import X`` keeps working.

@@ -8,7 +8,16 @@ from dataclasses import dataclass, replace
 from relay.errors import ConfigError
 
 Progress = Callable[[str], None]
-SECTIONS: tuple[str, ...] = ("throughput", "overhead", "ledger", "upgrade", "recovery", "memory", "submit")
+SECTIONS: tuple[str, ...] = (
+    "throughput",
+    "overhead",
+    "ledger",
+    "upgrade",
+    "recovery",
+    "memory",
+    "submit",
+    "pipeline",
+)
 
 
 @dataclass(frozen=True)

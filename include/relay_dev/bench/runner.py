@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from relay.config import PROJECT_ROOT
@@ -13,8 +15,9 @@ from .cluster import bench_config
 from .context import Context, kill_child
 from .ledger import section_ledger
 from .memory import section_memory
-from .options import BenchOptions, Progress
+from .options import SECTIONS, BenchOptions, Progress
 from .overhead import section_overhead
+from .pipeline import section_pipeline
 from .recovery import section_recovery
 from .results import load_average, machine_facts, new_result, write_result
 from .sampler import MemorySampler
@@ -23,6 +26,7 @@ from .throughput import section_throughput
 from .upgrade import section_upgrade
 
 BENCH_DIR = PROJECT_ROOT / "var" / "bench"
+RESULTS_DIR_ENV = "RELAY_BENCH_RESULTS_DIR"  # also write the result there (e.g. bench/results)
 
 
 SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
@@ -33,15 +37,32 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "recovery": section_recovery,
     "memory": section_memory,
     "submit": section_submit,
+    "pipeline": section_pipeline,
 }
-NEEDS_STACK = {"throughput", "overhead", "upgrade", "recovery", "memory", "submit"}
+NEEDS_STACK = {"throughput", "overhead", "upgrade", "recovery", "memory", "submit", "pipeline"}
+
+
+def results_copy_path(results_dir: Path, options: BenchOptions, stamp: str) -> Path:
+    """``<dir>/<sections>-<stamp>.json`` (``all`` for every section): a file to commit."""
+    label = "all" if set(options.only) == set(SECTIONS) else "-".join(options.only)
+    return results_dir / f"{label}-{stamp}.json"
 
 
 def run_bench(
-    options: BenchOptions, progress: Progress | None = None, host: str = "127.0.0.1"
+    options: BenchOptions,
+    progress: Progress | None = None,
+    host: str = "127.0.0.1",
+    results_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Start a private stack, run the chosen sections, stop it (always), write and return the result."""
+    """Start a private stack, run the chosen sections, stop it (always), write and return the result.
+
+    ``results_dir`` (else ``$RELAY_BENCH_RESULTS_DIR``): also write the final result there, e.g.
+    ``bench/results``, as ``<sections>-<timestamp>.json``.
+    """
     from relay_dev.stack import LocalStack, Part
+
+    if results_dir is None and os.environ.get(RESULTS_DIR_ENV):
+        results_dir = Path(os.environ[RESULTS_DIR_ENV])
 
     say = progress or (lambda _m: None)
     t_start = time.monotonic()
@@ -56,6 +77,9 @@ def run_bench(
     result = new_result(options, stamp, data_dir)
     result_path = BENCH_DIR / f"results-{stamp}.json"
     result["results_file"] = str(result_path)
+    copy_path = results_copy_path(results_dir.resolve(), options, stamp) if results_dir else None
+    if copy_path is not None:
+        result["results_copy"] = str(copy_path)
     result["machine"] = machine_facts()
     note(
         f"machine: {result['machine']['cores']} cores, load {result['machine']['load_start']}; "
@@ -107,5 +131,9 @@ def run_bench(
         result["finished"] = time.strftime("%Y%m%d-%H%M%S")
         result["seconds"] = round(time.monotonic() - t_start, 1)
         write_result(result, result_path)
-    note(f"done in {result['seconds']}s; results in {result_path}")
+        if copy_path is not None:
+            write_result(result, copy_path)
+    note(
+        f"done in {result['seconds']}s; results in {result_path}" + (f" and {copy_path}" if copy_path else "")
+    )
     return result
