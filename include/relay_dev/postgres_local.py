@@ -180,6 +180,17 @@ class LocalPostgres:
         finally:
             pwfile.unlink(missing_ok=True)
 
+    def allow_clients(self, cidr: str) -> None:
+        """Accept password logins from ``cidr`` (initdb allows loopback only); idempotent.
+
+        For a server other hosts reach (the namespace cluster's ledger host); read at server start.
+        """
+        hba = self.pgdata / "pg_hba.conf"
+        line = f"host all all {cidr} scram-sha-256"
+        if line not in hba.read_text().splitlines():
+            with hba.open("a") as out:
+                out.write(line + "\n")
+
     def pid(self) -> int | None:
         """The postmaster's PID from ``postmaster.pid``, or None when not running."""
         try:

@@ -90,11 +90,12 @@ class LocalStack:
         config: RelayConfig,
         progress: Callable[[str], None] | None = None,
         health_timeout_s: float = 90,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.config = config
         self.progress = progress or log.info
         self.health_timeout_s = health_timeout_s
-        self.supervisor = Supervisor(config.data_dir, config.logs_dir)
+        self.supervisor = supervisor or Supervisor(config.data_dir, config.logs_dir)
 
     def _client(self, timeout_s: float = 3) -> SparkStandaloneClient:
         c = self.config

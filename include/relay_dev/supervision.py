@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import xmlrpc.client
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,10 @@ def group_pids(pgid: int) -> list[int]:
 class Supervisor:
     """The supervisord of one data dir: configuration, start, programs, restart counts, shutdown."""
 
-    def __init__(self, data_dir: Path, logs_dir: Path) -> None:
+    def __init__(self, data_dir: Path, logs_dir: Path, launch_prefix: Sequence[str] = ()) -> None:
+        """``launch_prefix`` runs supervisord (and so every part) elsewhere, e.g. ``ip netns exec``."""
         self.data_dir = data_dir
+        self.launch_prefix = list(launch_prefix)
         self.logs_dir = logs_dir
         self.folder = data_dir / "supervisor"
         self.conf_file = self.folder / "supervisord.conf"
@@ -164,7 +167,7 @@ files = {_q(self.programs_dir)}/*.conf
         self.socket.unlink(missing_ok=True)
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "HOME", "TZ") if k in os.environ}
         done = subprocess.run(
-            [sys.executable, "-m", "supervisor.supervisord", "-c", str(self.conf_file)],
+            [*self.launch_prefix, sys.executable, "-m", "supervisor.supervisord", "-c", str(self.conf_file)],
             env=env,
             cwd=self.data_dir,
             stdin=subprocess.DEVNULL,
