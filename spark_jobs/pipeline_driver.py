@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source, driver_runtime beside this file
 
 from driver_runtime import DriverRuntime, arg_parser, check_args, exit_now, run_main  # noqa: E402
+from relay.crashpoints import crash_point  # noqa: E402
 from relay.errors import ConfigError, ZombieAttemptError  # noqa: E402
 from relay.ledger.models import Offsets  # noqa: E402
 from relay.pipeline import (  # noqa: E402
@@ -51,6 +52,7 @@ from relay.predecessors import PredecessorCache, SourcePredecessors  # noqa: E40
 from relay.protocol import Ranges, commit_cursors, prepare_tasks  # noqa: E402
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext  # noqa: E402
 
+CRASH_BEFORE_LEDGER_COMMIT = "pipeline.before_ledger_commit"  # tests: the tasks wrote, cursors not moved
 log = logging.getLogger("relay.pipeline")
 
 
@@ -151,6 +153,7 @@ class PipelineDriver(DriverRuntime):
                 raise ZombieAttemptError(
                     f"attempt {attempt.id} (epoch {attempt.epoch}) fenced in the sink: {fenced[0]}"
                 )
+        crash_point(CRASH_BEFORE_LEDGER_COMMIT)
         result = commit_cursors(self.ledger, attempt, batch_id, start, end, counts, started)
         log.info(
             "batch %s: rows in %s written %s skipped %s (tasks); cursors %s; commit %.1f ms",

@@ -18,6 +18,7 @@ from typing import Any
 import requests
 
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.crashpoints import forwarded_env
 from relay.driver_logs import DriverLogUnavailable, LaunchCounter, WorkerLogs
 from relay.errors import SparkError
 from relay.spark_auth import RestSigner, refusal
@@ -392,6 +393,8 @@ def driver_properties(
         "spark.executorEnv.SPARK_LOCAL_IP": config.host,
         "spark.executorEnv.PYTHONPATH": pythonpath,
     }
+    for name, value in forwarded_env().items():  # tests only: armed crash points reach drivers and tasks
+        props[f"spark.driverEnv.{name}"] = props[f"spark.executorEnv.{name}"] = value
     props.update({k: str(v) for k, v in (extra or {}).items()})
     return props
 
@@ -401,4 +404,5 @@ def driver_environment(config: RelayConfig) -> dict[str, str]:
     return {
         "SPARK_LOCAL_IP": config.host,
         "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT)]),
+        **forwarded_env(),
     }

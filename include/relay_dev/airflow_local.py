@@ -30,6 +30,7 @@ from typing import Any
 
 import requests
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.crashpoints import forwarded_env
 from relay.errors import StackError
 from relay.secret_files import ensure_user_password, write_private
 
@@ -200,6 +201,7 @@ def airflow_env(config: RelayConfig, base: Mapping[str, str] | None = None) -> d
     )
     env.update(config_env(config))
     env.update(connection_env(config))
+    env.update(forwarded_env())  # a test's armed crash points reach the drivers a DAG submits
     return env
 
 

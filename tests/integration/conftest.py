@@ -16,6 +16,7 @@ from relay_dev.postgres_local import LocalPostgres
 from relay_dev.stack import LocalStack
 
 from tests.conftest import free_port
+from tests.integration.json_users import sink_database
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,12 @@ def postgres_url() -> Iterator[str]:
         yield pg.url
     finally:
         pg.stop()
+
+
+@pytest.fixture()
+def sink_url(postgres_url: str) -> str:
+    """A database of its own on the ledger's server holding the json_upsert example's table."""
+    return sink_database(postgres_url)
 
 
 # PostgreSQL variants of the end-to-end scenarios run in `make test-long`; `make test` keeps the

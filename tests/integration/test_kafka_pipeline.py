@@ -2,9 +2,10 @@
 cluster, a PostgreSQL ledger.
 
 The executors filter and reshape JSON events and write them through KafkaTransactionalSink; the
-driver only moves cursors. A SIGKILL of the driver mid-stream replays the in-flight batch (and may
-leave a task's transaction open): a read_committed consumer must still see exactly one output record
-per kept input event, the audit be clean and the stop graceful.
+driver only moves cursors. A task that dies inside its Kafka transaction (rows and marker sent, not
+committed) is retried by Spark; a SIGKILL of the driver mid-stream, and a driver dying after its tasks
+wrote and before the ledger commit, replay the in-flight batch: a read_committed consumer must still
+see exactly one output record per kept input event, the audit be clean and the stop graceful.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import signal
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_output
 from relay.ledger.store import Ledger
@@ -101,12 +104,14 @@ def exactly_once(seen: Counter, want: set[int]) -> None:
     )
 
 
-def test_kafka_pipeline_writes_each_kept_event_once_through_a_driver_kill(
-    stack: RelayConfig, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+def test_kafka_pipeline_writes_each_kept_event_once_through_task_and_driver_crashes(
+    stack: RelayConfig, postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     cfg = stack.with_(pipeline="kafka_to_kafka", topic="kafka_to_kafka", ledger_url=postgres_url)
+    monkeypatch.setenv("KAFKA_TO_KAFKA_BOOTSTRAP", cfg.kafka_bootstrap)  # copied to the driver by deploy
+    monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(tmp_path))  # forwarded to the driver and its tasks
     try:
-        _scenario(cfg, monkeypatch)
+        _scenario(cfg, tmp_path)
     except AssertionError:
         for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
             print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
@@ -115,18 +120,20 @@ def test_kafka_pipeline_writes_each_kept_event_once_through_a_driver_kill(
         kc.close_all()
 
 
-def _scenario(cfg: RelayConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KAFKA_TO_KAFKA_BOOTSTRAP", cfg.kafka_bootstrap)  # copied to the driver by deploy
+def _scenario(cfg: RelayConfig, faults: Path) -> None:
     ledger = Ledger(cfg.ledger_url)
     art = build_artifact(cfg, "kk1", pipeline_code=EXAMPLE)
     assert art.job_file.name == "pipeline_driver.py" and art.pipeline["name"] == "kafka_to_kafka"
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
     KafkaTransactionalSink(cfg.kafka_bootstrap, OUTPUT).create_topic(cfg.partitions)
+    arm_once(str(faults), "kafka_sink.before_commit")  # the first task to get there dies uncommitted
     total = produce(cfg.kafka_bootstrap, cfg.topic, range(0, 3000))
     first = deploy(cfg, version="kk1", wait_s=300)
     inst_id = first["instance_id"]
     wait_for("the backlog to be applied", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
+    assert not (faults / "kafka_sink.before_commit").exists(), "no task reached the armed crash point"
+    assert len(ledger.attempts(inst_id)) == 1, "a task crash is Spark's to retry, not a relaunch"
     exactly_once(read_committed(cfg.kafka_bootstrap, OUTPUT), kept(range(0, 3000)))
 
     # Events keep coming while the driver is SIGKILLed mid-stream; the master relaunches it.
@@ -152,6 +159,15 @@ def _scenario(cfg: RelayConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     # A task killed mid-transaction is aborted by the replay's init_transactions: read_committed
     # consumers see each kept event once, never a record of the aborted transaction.
     exactly_once(read_committed(cfg.kafka_bootstrap, OUTPUT), kept(range(0, 9000)))
+
+    # The driver dies after its tasks committed their transactions, before the ledger commit.
+    attempts = len(ledger.attempts(inst_id))
+    arm_once(str(faults), "pipeline.before_ledger_commit")
+    total += produce(cfg.kafka_bootstrap, cfg.topic, range(9000, 10000))
+    wait_for("the armed driver crash", lambda: not (faults / "pipeline.before_ledger_commit").exists(), 120)
+    wait_for("the relaunch", lambda: len(ledger.attempts(inst_id)) == attempts + 1, timeout=240)
+    wait_for("the relaunched driver to catch up", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
+    exactly_once(read_committed(cfg.kafka_bootstrap, OUTPUT), kept(range(0, 10000)))
 
     report = audit(cfg, ledger)
     assert report.ok, report.to_json()

@@ -11,16 +11,12 @@ import json
 import os
 import signal
 import threading
-import time
-import uuid
 from pathlib import Path
 
-import psycopg2
 import pytest
-from kafka import KafkaProducer
 from relay.artifacts import build_artifact
 from relay.audit import audit
-from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config import RelayConfig
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_output
 from relay.ledger.models import AttemptState
@@ -29,63 +25,12 @@ from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.status import status_view
-from sqlalchemy.engine import make_url
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
+from tests.integration.json_users import EXAMPLE, IDS, expected, produce_versions, table
 
 pytestmark = pytest.mark.integration
-
-EXAMPLE = PROJECT_ROOT / "examples" / "json_upsert"
-IDS = 200
-
-
-def _libpq(url: str) -> str:
-    return "postgresql://" + url.split("://", 1)[1]
-
-
-@pytest.fixture()
-def sink_url(postgres_url: str) -> str:
-    """A database of its own on the ledger's server, holding the example's table."""
-    name = f"sink_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(_libpq(postgres_url))
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    admin.close()
-    url = make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg2.connect(_libpq(url)) as conn, conn.cursor() as cur:
-        cur.execute((EXAMPLE / "schema.sql").read_text())
-    return _libpq(url)
-
-
-def table(url: str) -> dict[int, tuple[str, float]]:
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute("SELECT id, name, score FROM json_upsert_users")
-        return {r[0]: (r[1], r[2]) for r in cur.fetchall()}
-
-
-def expected(last_version: int) -> dict[int, tuple[str, float]]:
-    return {i: (f"user{i}-v{last_version}", last_version + i / 1000) for i in range(IDS)}
-
-
-def produce_versions(bootstrap: str, topic: str, versions: range, rate: float | None = None) -> int:
-    """Every id once per version, keyed by id (one id stays in one partition, in order)."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    sent, t0 = 0, time.monotonic()
-    try:
-        for v in versions:
-            for i in range(IDS):
-                value = {"id": i, "name": f"user{i}-v{v}", "score": v + i / 1000}
-                producer.send(topic, key=str(i).encode(), value=json.dumps(value).encode())
-                sent += 1
-                if rate and sent % 50 == 0:
-                    time.sleep(max(0.0, sent / rate - (time.monotonic() - t0)))
-        producer.send(topic, key=b"junk", value=b"not json")  # dropped by the transform
-        producer.flush(60)
-    finally:
-        producer.close()
-    return sent + 1
 
 
 def _kib(pid: int, field: str) -> int:

@@ -37,6 +37,7 @@ import psycopg2.extensions
 from psycopg2 import sql
 from psycopg2.extras import execute_values
 
+from relay.crashpoints import crash_point
 from relay.errors import ConfigError
 from relay.ledger.engine import safe_url
 from relay.sinks import pg_conn
@@ -52,6 +53,7 @@ from relay.sinks.base import (
 
 DEFAULT_PAGE_SIZE = 2000
 DEFAULT_FENCE_WAIT_S = 600.0
+CRASH_BEFORE_COMMIT = "pg_sink.before_commit"  # tests: die with the rows sent, uncommitted
 _RETRIES = 3  # deadlock, serialization failure, a pooled connection found broken
 
 
@@ -207,6 +209,7 @@ class PostgresUpsertSink:
                 with conn.cursor() as cur:
                     self._check_fence(cur, ctx)
                     returned = execute_values(cur, stmt, values, page_size=self.page_size, fetch=True)
+                crash_point(CRASH_BEFORE_COMMIT)
                 conn.commit()
             except FencedWriteError:
                 conn.rollback()
