@@ -22,6 +22,7 @@ test-long: setup
 
 # The multi-host cluster made of network namespaces (root; issue #14): a master, two workers, a broker, a
 # PostgreSQL ledger and a client host, each with its own address and folders (the others' hidden); ~1.5 min.
+# `make test` runs it too.
 test-hosts: setup
 	$(PY) -m pytest -q -s -m multihost tests/integration/test_hosts_cluster.py
 
