@@ -22,9 +22,10 @@ test-long: setup
 
 # The multi-host cluster made of network namespaces (root; issue #14): a master, two workers, a broker, a
 # PostgreSQL ledger and a client host, each with its own address and folders (the others' hidden); ~1.5 min.
-# `make test` runs it too.
+# Then Relay on it: deploy, the driver's worker host killed, stop; a blue-green upgrade (~8 min in all).
+# `make test` runs the cluster's smoke test only.
 test-hosts: setup
-	$(PY) -m pytest -q -s -m multihost tests/integration/test_hosts_cluster.py
+	$(PY) -m pytest -q -s -m multihost tests/integration/test_hosts_cluster.py tests/integration/test_hosts_deploy.py
 
 # The browser check (headless Debian Chromium) on the stack `make run` started (RELAY_BROWSER_STACK=running:
 # nothing started or stopped; fails when that stack or its pipeline is not up): upgrades the demo

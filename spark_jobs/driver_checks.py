@@ -6,6 +6,7 @@ Kept apart from the lifecycle in ``driver_runtime``.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -73,3 +74,15 @@ def warm_up_executors(spark: Any, source_options: dict[str, str]) -> None:
 
     n = max(int(spark.sparkContext.defaultParallelism), 1)
     spark.range(0, n, 1, n).mapInArrow(warm, "id long").count()
+
+
+ARTIFACT_ZIP_ENV = "RELAY_ARTIFACT_ZIP"  # set by artifact_bootstrap: the zip it fetched from the ledger
+
+
+def ship_artifact(spark: Any) -> None:
+    """A driver the bootstrap started from the ledger's artifact store sends that zip to its
+    executors (on other hosts, where no copy of it exists); other drivers' executors already
+    have their zip (``spark.executorEnv.PYTHONPATH``)."""
+    zip_path = os.environ.get(ARTIFACT_ZIP_ENV)
+    if zip_path:
+        spark.sparkContext.addPyFile(zip_path)

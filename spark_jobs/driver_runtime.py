@@ -31,6 +31,7 @@ from driver_checks import (
     CRASH_LOOP_WINDOW_S,
     check_data_loss,
     crash_loop,
+    ship_artifact,
     starting_offsets,
     warm_up_executors,
 )
@@ -121,9 +122,10 @@ def build_session(args: argparse.Namespace, app_name: str) -> Any:
         return local_session(app_name, Path(args.spark_dir or "var/spark"), memory="1g")
     from pyspark.sql import SparkSession
 
-    return (
-        SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    )
+    builder = SparkSession.builder.appName(app_name)
+    spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    ship_artifact(spark)
+    return spark
 
 
 class DriverRuntime:

@@ -47,6 +47,8 @@ DRIVER_INTERFACE = 2
 REFERENCE_DRIVER = "reference_job.py"
 PIPELINE_DRIVER = "pipeline_driver.py"
 DRIVER_MEMBER = "<driver>/"  # the driver script's name in the code hash (it lives beside the zip)
+# Never in a zip: the drivers (beside it) and the ledger store's bootstrap (installed on every host).
+NOT_FROZEN = (REFERENCE_DRIVER, PIPELINE_DRIVER, "artifact_bootstrap.py")
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def _members(package: Path | None) -> list[tuple[str, Path]]:
         (PROJECT_ROOT / "spark_jobs", ""),
     ):
         for path in sorted(src_root.rglob("*.py")):
-            if "__pycache__" in path.parts or path.name in (REFERENCE_DRIVER, PIPELINE_DRIVER):
+            if "__pycache__" in path.parts or path.name in NOT_FROZEN:
                 continue
             members.append((str(Path(prefix) / path.relative_to(src_root)), path))
     if package is not None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
 
 from relay.errors import ConfigError
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIN_KEEP_VERSIONS = 2  # the running version and the one a rollback returns to
+ARTIFACT_STORES = ("local", "ledger")
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -86,12 +88,27 @@ class RelayConfig:
     """The pipelines file this pipeline was declared in (None: the environment's single pipeline).
     With a file, each pipeline's artifacts live in ``pipelines/<pipeline>/artifacts/`` (see
     relay.artifacts.artifacts_dir); checkpoints are per pipeline either way."""
+    artifact_store: str = "local"
+    """Where cluster-mode drivers get their version's code: ``local`` reads the submitter's
+    ``artifacts/`` folder (one host); ``ledger`` stores it in the ledger and submits drivers that may
+    run on any worker (see relay.artifact_store)."""
+    checkpoint_root: Path | None = None
+    """Root of every pipeline's checkpoints (a filesystem every host mounts, on a cluster);
+    None: ``<data_dir>/checkpoints``."""
+    worker_spark_dir: Path | None = None
+    """With the ledger store: Spark scratch for drivers and executors, a path valid on every worker
+    (None: each worker's own settings decide)."""
 
     def __post_init__(self) -> None:
         if not self.ledger_url:
             object.__setattr__(self, "ledger_url", f"sqlite:///{self.data_dir / 'ledger.db'}")
         if not self.pipeline.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"pipeline name must be letters, digits, '-' or '_', got {self.pipeline!r}")
+        if self.artifact_store not in ARTIFACT_STORES:
+            raise ConfigError(
+                f"RELAY_ARTIFACT_STORE must be one of {', '.join(ARTIFACT_STORES)}, "
+                f"got {self.artifact_store!r}"
+            )
         if self.keep_versions < MIN_KEEP_VERSIONS:
             raise ConfigError(
                 f"keep_versions must be >= {MIN_KEEP_VERSIONS} (the running version and the one a "
@@ -100,7 +117,12 @@ class RelayConfig:
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.data_dir / "checkpoints" / self.pipeline
+        return (self.checkpoint_root or self.data_dir / "checkpoints") / self.pipeline
+
+    @property
+    def drivers_anywhere(self) -> bool:
+        """True when a driver may run on any worker: nothing it needs may live on the submitter."""
+        return self.artifact_store == "ledger"
 
     @property
     def spark_dir(self) -> Path:
@@ -196,9 +218,36 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         spark_rest_secret_file=_path(env, "RELAY_SPARK_REST_SECRET_FILE"),
         pipeline_code=_path(env, "RELAY_PIPELINE_CODE"),
         keep_versions=_int(env, "RELAY_KEEP_VERSIONS", 5, MIN_KEEP_VERSIONS),
+        artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
+        checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
+        worker_spark_dir=_path(env, "RELAY_WORKER_SPARK_DIR"),
     )
 
 
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(name)
     return Path(raw).expanduser().resolve() if raw else None
+
+
+def checkpoint_root(raw: str | None) -> Path | None:
+    """``RELAY_CHECKPOINT_ROOT``: a ``file:///`` URI or an absolute path (a mounted shared filesystem).
+
+    Other schemes (``hdfs://``, ``s3a://``) are refused: the driver reads ``offsets/N`` and recovery
+    archives a checkpoint through the local filesystem, so the root must be mounted on every host.
+    """
+    if not raw:
+        return None
+    if raw.startswith("file://"):
+        parsed = urlparse(raw)
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"RELAY_CHECKPOINT_ROOT: a file URI names no host (file:///path), got {raw!r}")
+        raw = unquote(parsed.path)
+    elif "://" in raw:
+        raise ConfigError(
+            f"RELAY_CHECKPOINT_ROOT must be a file:/// URI or a path of a filesystem every host mounts, "
+            f"got {raw!r}: Relay reads checkpoints through the local filesystem"
+        )
+    path = Path(raw)
+    if not path.is_absolute():
+        raise ConfigError(f"RELAY_CHECKPOINT_ROOT must be absolute, got {raw!r}")
+    return path

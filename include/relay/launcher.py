@@ -127,6 +127,12 @@ def launch(
         )
         log.close()
         submission = f"{LOCAL_PREFIX}{proc.pid}"
+    elif config.drivers_anywhere:  # the driver may land on any worker: its code from the ledger
+        from relay.artifact_store import submit_from_store
+
+        args = driver_args(config, instance, True, extra_args)
+        client = spark_client(config)
+        submission = submit_from_store(config, ledger, client, instance.app_name, art, args, env_vars)
     else:
         props = driver_properties(
             config,

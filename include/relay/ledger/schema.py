@@ -216,6 +216,20 @@ operations = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+# v5: the artifact store every host reaches (RELAY_ARTIFACT_STORE=ledger): one row per pipeline and
+# version, written by the submitter, read by the bootstrap driver on whichever worker runs it.
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("pipeline", String(200), primary_key=True),
+    Column("version", String(100), primary_key=True),
+    Column("code_hash", String(64), nullable=False),
+    Column("driver", String(100), nullable=False),  # the driver script's name
+    Column("driver_script", LargeBinary, nullable=False),
+    Column("zip", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
 
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn)
@@ -248,8 +262,13 @@ def _v4(conn: Connection) -> None:
     _add_column(conn, instances, "planned_ends")
 
 
+def _v5(conn: Connection) -> None:
+    """Artifacts in the ledger, so a driver on any host gets its code from where every host reaches."""
+    artifacts.create(conn, checkfirst=True)
+
+
 # Append new migrations; never edit an applied one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
