@@ -27,7 +27,7 @@ from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import ConfigError
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
-from relay.spark_rest import SparkStandaloneClient, driver_properties
+from relay.spark_rest import SparkStandaloneClient, driver_properties, scratch_properties
 
 BOOTSTRAP = PROJECT_ROOT / "spark_jobs" / "artifact_bootstrap.py"
 BOOTSTRAP_FOLDER = "relay-artifact"  # artifact_bootstrap.FOLDER, under the driver's working folder
@@ -103,25 +103,10 @@ def anywhere_properties(config: RelayConfig, app_name: str) -> dict[str, str]:
     for name in HOST_PINNED:
         props.pop(f"spark.driverEnv.{name}", None)
         props.pop(f"spark.executorEnv.{name}", None)
-    for key in (
-        "spark.submit.pyFiles",
-        "spark.local.dir",
-        "spark.python.unix.domain.socket.dir",
-        "spark.driver.extraJavaOptions",
-        "spark.executor.extraJavaOptions",
-    ):
+    for key in ("spark.submit.pyFiles", *scratch_properties(config.spark_dir)):
         props.pop(key, None)
     if config.worker_spark_dir is not None:
-        scratch = config.worker_spark_dir
-        java_opts = f"-Djava.io.tmpdir={scratch / 'tmp'} -XX:-UsePerfData"
-        props.update(
-            {
-                "spark.local.dir": str(scratch / "local"),
-                "spark.python.unix.domain.socket.dir": str(scratch / "sock"),
-                "spark.driver.extraJavaOptions": java_opts,
-                "spark.executor.extraJavaOptions": java_opts,
-            }
-        )
+        props.update(scratch_properties(config.worker_spark_dir))
     # The driver's Python planner processes (started by its JVM in its working folder) find the
     # version's code there; executors get it from the driver (SparkContext.addPyFile).
     props["spark.driverEnv.PYTHONPATH"] = f"{BOOTSTRAP_FOLDER}/relay_job.zip"

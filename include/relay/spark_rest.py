@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -362,10 +363,8 @@ def driver_properties(
     and Java temp files go under ``config.spark_dir`` (never /tmp).
     """
     spark_dir = config.spark_dir
-    tmp_dir = spark_dir / "tmp"
-    for d in (spark_dir / "local", spark_dir / "sock", tmp_dir):
+    for d in (spark_dir / "local", spark_dir / "sock", spark_dir / "tmp"):
         d.mkdir(parents=True, exist_ok=True)
-    java_opts = f"-Djava.io.tmpdir={tmp_dir} -XX:-UsePerfData"
     python = sys.executable
     pythonpath = os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT)])
     props = {
@@ -376,10 +375,7 @@ def driver_properties(
         "spark.pyspark.python": python,
         "spark.pyspark.driver.python": python,
         "spark.submit.pyFiles": ",".join(os.path.abspath(p) for p in py_files),
-        "spark.local.dir": str(spark_dir / "local"),
-        "spark.python.unix.domain.socket.dir": str(spark_dir / "sock"),
-        "spark.driver.extraJavaOptions": java_opts,
-        "spark.executor.extraJavaOptions": java_opts,
+        **scratch_properties(spark_dir),
         "spark.driver.memory": config.driver_memory,  # the pipeline's resources (pipelines file)
         "spark.executor.memory": config.executor_memory,
         "spark.driver.cores": str(config.driver_cores),
@@ -397,6 +393,18 @@ def driver_properties(
         props[f"spark.driverEnv.{name}"] = props[f"spark.executorEnv.{name}"] = value
     props.update({k: str(v) for k, v in (extra or {}).items()})
     return props
+
+
+def scratch_properties(spark_dir: Path) -> dict[str, str]:
+    """Where drivers and executors put scratch, sockets and Java temp files: ``local``, ``sock`` and
+    ``tmp`` under ``spark_dir`` (never /tmp)."""
+    java_opts = f"-Djava.io.tmpdir={spark_dir / 'tmp'} -XX:-UsePerfData"
+    return {
+        "spark.local.dir": str(spark_dir / "local"),
+        "spark.python.unix.domain.socket.dir": str(spark_dir / "sock"),
+        "spark.driver.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": java_opts,
+    }
 
 
 def driver_environment(config: RelayConfig) -> dict[str, str]:
