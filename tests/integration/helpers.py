@@ -160,9 +160,12 @@ class Load:
 
     def _run(self) -> None:
         while self._on.is_set():
-            self.sent += produce(
-                self.cfg.kafka_bootstrap, self.cfg.topic, 50, 50.0, partitions=self.cfg.partitions
-            )["sent"]
+            self.sent += self.send_some()
+
+    def send_some(self) -> int:
+        """One round of messages (a subclass sends its own workload); how many were sent."""
+        cfg = self.cfg
+        return produce(cfg.kafka_bootstrap, cfg.topic, 50, 50.0, partitions=cfg.partitions)["sent"]
 
     def __enter__(self) -> Load:
         self._on.set()

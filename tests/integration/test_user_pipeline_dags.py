@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +36,7 @@ from relay.operations.stop import stop
 from relay_dev.airflow_local import config_env, ensure_airflow_db
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, dag_test
+from tests.integration.helpers import Load, caught_up, dag_test
 from tests.integration.json_users import (
     EXAMPLE,
     IDS,
@@ -109,30 +108,19 @@ def users(stack: RelayConfig, postgres_url: str, sink_url: str, monkeypatch: pyt
             stop(cfg, timeout_s=60)
 
 
-class Updates:
+class Updates(Load):
     """Every user updated once per version at ~100 msg/s, version after version from ``first``, on a
     thread for as long as the block runs; ``last`` is the last version sent."""
 
     def __init__(self, cfg: RelayConfig, first: int) -> None:
-        self.cfg, self.last, self.sent = cfg, first - 1, 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run)
+        super().__init__(cfg)
+        self.last = first - 1
 
-    def _run(self) -> None:
-        while not self._done.is_set():
-            version = self.last + 1
-            self.sent += produce_versions(
-                self.cfg.kafka_bootstrap, self.cfg.topic, range(version, version + 1), 100.0
-            )
-            self.last = version
-
-    def __enter__(self) -> Updates:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
+    def send_some(self) -> int:
+        version = self.last + 1
+        sent = produce_versions(self.cfg.kafka_bootstrap, self.cfg.topic, range(version, version + 1), 100.0)
+        self.last = version
+        return sent
 
 
 def _succeeded(run, tasks: int) -> None:  # noqa: ANN001 - helpers.DagTest
