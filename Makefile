@@ -22,8 +22,8 @@ test-long: setup
 
 # The multi-host cluster made of network namespaces (root; issue #14): a master, two workers, a broker, a
 # PostgreSQL ledger and a client host, each with its own address and folders (the others' hidden); ~1.5 min.
-# Then Relay on it: deploy, the driver's worker host killed, stop; a blue-green upgrade (~8 min in all).
-# `make test` runs the cluster's smoke test only.
+# Then issue #14's acceptance: Relay deploys, upgrades, loses the driver's worker host and recovers on it
+# (~9 min in all). Both are part of `make test` too (skipped where namespaces can't be made).
 test-hosts: setup
 	$(PY) -m pytest -q -s -m multihost tests/integration/test_hosts_cluster.py tests/integration/test_hosts_deploy.py
 

@@ -1,10 +1,11 @@
 """The lifecycle every Relay driver shares: one attempt of one instance, from start to a deliberate exit.
 
-Arguments and the ledger URL (from the environment), the attempt bound to its launch token, the
-heartbeat, waiting for live predecessors, crash-loop and data-loss checks, the streaming query over
-Relay's Kafka source inside the instance's leases, supervision (zombie, stop request, SIGTERM), the
-graceful stop and the exit codes. A driver subclasses ``DriverRuntime`` and says what a batch does
-(``process_batch``) and what to check before the query starts (``before_query``).
+The attempt bound to its launch token, the heartbeat, waiting for live predecessors, crash-loop and
+data-loss checks, the streaming query over Relay's Kafka source inside the instance's leases,
+supervision (zombie, stop request, SIGTERM), the graceful stop and the exit codes; what a driver is
+told at start (arguments, ledger URL, its artifact's version) is ``driver_inputs``'. A driver
+subclasses ``DriverRuntime`` and says what a batch does (``process_batch``) and what to check before
+the query starts (``before_query``).
 
 Exit codes are deliberate because the master's supervision relaunches every non-zero exit: a failure
 that a restart cannot fix (fenced, bad arguments, data loss, crash loop) exits 0 under supervision
@@ -17,7 +18,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -35,8 +35,9 @@ from driver_checks import (
     starting_offsets,
     warm_up_executors,
 )
+from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
 from relay.checkpoint import planned_offsets
-from relay.errors import ConfigError, DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
+from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, InstanceState, Offsets
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
@@ -45,70 +46,8 @@ log = logging.getLogger("relay.job")
 
 EXIT_OK = 0
 EXIT_RETRY = 1  # transient: let the master relaunch
-LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # the URL may hold a password: never on the command line
-_DRIVER_DIR = re.compile(r"^driver-\d+-\d+$")
 
-__all__ = ["EXIT_OK", "EXIT_RETRY", "LAUNCH_TOKEN_ENV", "LEDGER_URL_ENV", "DriverRuntime", "run_main"]
-
-
-class _ArgParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would exit 2: a relaunch loop under supervision
-        raise ConfigError(f"bad arguments: {message}")
-
-
-def arg_parser(description: str | None) -> argparse.ArgumentParser:
-    """The arguments every driver takes (the launcher's ``driver_args``); nothing secret."""
-    p = _ArgParser(description=description)
-    p.add_argument("--instance-id", required=True, type=int)
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--max-offsets-per-trigger", type=int, default=20000)
-    p.add_argument("--trigger-seconds", type=float, default=1.0)
-    p.add_argument("--local", action="store_true", help="run with a local[2] master (no cluster)")
-    p.add_argument("--spark-dir", help="scratch folder for local mode")
-    p.add_argument("--supervised", action="store_true", help="exit 0 on failures a restart cannot fix")
-    return p
-
-
-def check_args(args: argparse.Namespace) -> argparse.Namespace:
-    if args.max_offsets_per_trigger < 1 or args.trigger_seconds < 0:
-        raise ConfigError("--max-offsets-per-trigger must be >= 1 and --trigger-seconds >= 0")
-    return args
-
-
-def ledger_url_from_env() -> str:
-    """The ledger URL from the environment Relay gave the submission (argv shows in ``ps``)."""
-    url = os.environ.get(LEDGER_URL_ENV, "").strip()
-    if not url:
-        raise ConfigError(
-            f"{LEDGER_URL_ENV} is not set: Relay passes the ledger URL in the driver's environment"
-        )
-    return url
-
-
-def code_version() -> tuple[str | None, bool]:
-    """The version frozen into the artifact this driver runs from (None when run from the source tree)."""
-    try:
-        import relay_job_version  # written by relay.artifacts.build_artifact
-    except ImportError:
-        return None, False
-    return relay_job_version.VERSION, bool(relay_job_version.FAIL_AT_START)
-
-
-def batch_delay() -> float:
-    """Seconds each batch waits first: only a version built slow on purpose (``batch_delay_s``)."""
-    try:
-        import relay_job_version
-    except ImportError:
-        return 0.0
-    return float(getattr(relay_job_version, "BATCH_DELAY_S", 0.0))
-
-
-def own_driver_id() -> str | None:
-    """The Spark driver id this process runs as: a standalone worker starts each driver in
-    ``<work dir>/<driver id>``, the same folder across supervised relaunches."""
-    name = Path.cwd().name
-    return name if _DRIVER_DIR.match(name) else None
+__all__ = ["EXIT_OK", "EXIT_RETRY", "LAUNCH_TOKEN_ENV", "DriverRuntime", "run_main"]
 
 
 def no_retry_exit(args: argparse.Namespace | None, local_code: int) -> int:

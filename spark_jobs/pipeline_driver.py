@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source, driver_runtime beside this file
 
-from driver_runtime import DriverRuntime, arg_parser, check_args, exit_now, run_main  # noqa: E402
+from driver_inputs import arg_parser, check_args  # noqa: E402
+from driver_runtime import DriverRuntime, exit_now, run_main  # noqa: E402
 from relay.crashpoints import crash_point  # noqa: E402
 from relay.errors import ConfigError, ZombieAttemptError  # noqa: E402
 from relay.ledger.models import Offsets  # noqa: E402
@@ -38,7 +39,9 @@ from relay.pipeline import (  # noqa: E402
     Pipeline,
     PipelineError,
     check_transform,
+    effective_limits,
     load_pipeline,
+    operator_limits,
     secret_values,
 )
 from relay.pipeline_tasks import (  # noqa: E402
@@ -99,11 +102,15 @@ class PipelineDriver(DriverRuntime):
         self.predecessors = PredecessorCache()  # per lease, computed once
         self.taken_over: set[tuple[str, int, int]] = set()  # (topic, partition, instance) fenced
 
+    def limits(self) -> dict[str, tuple[float, str]]:
+        """The batch settings applied and whose they are: operator > package > Relay's default."""
+        a = self.args
+        relay = {"max_offsets_per_trigger": a.max_offsets_per_trigger, "trigger_seconds": a.trigger_seconds}
+        return effective_limits(relay, operator_limits(os.environ), self.pipeline)
+
     def read_limits(self) -> tuple[int, float]:
-        p, args = self.pipeline, self.args
-        limit = p.max_offsets_per_trigger if p and p.max_offsets_per_trigger else args.max_offsets_per_trigger
-        trigger = p.trigger_seconds if p and p.trigger_seconds is not None else args.trigger_seconds
-        return limit, trigger
+        limits = self.limits()
+        return int(limits["max_offsets_per_trigger"][0]), float(limits["trigger_seconds"][0])
 
     def before_query(self, spark: Any) -> None:
         """Load and check the pipeline on the driver, then prepare and fence its sink."""
@@ -131,7 +138,15 @@ class PipelineDriver(DriverRuntime):
                 raise ZombieAttemptError(f"attempt {self.attempt.id}: {exc}") from exc
             except ConfigError as exc:  # e.g. the target table is missing: a relaunch can't fix it
                 raise PipelineError(f"pipeline {p.name}: its sink refused to start: {exc}") from exc
-        log.info("pipeline %s ready (sink %s, epoch %s)", p.name, type(sink).__name__, self.attempt.epoch)
+        limits = self.limits()
+        log.info(
+            "pipeline %s ready (sink %s, epoch %s); maxOffsetsPerTrigger %s (%s), trigger %s s (%s)",
+            p.name,
+            type(sink).__name__,
+            self.attempt.epoch,
+            *limits["max_offsets_per_trigger"],
+            *limits["trigger_seconds"],
+        )
 
     def process_batch(
         self, df: Any, batch_id: int, start: Offsets | None, end: Offsets, started: float

@@ -18,17 +18,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source, driver_runtime beside this file
 
-from driver_runtime import (  # noqa: E402
-    EXIT_OK,
-    EXIT_RETRY,
-    LAUNCH_TOKEN_ENV,
-    LEDGER_URL_ENV,
-    DriverRuntime,
-    arg_parser,
-    check_args,
-    exit_now,
-    run_main,
-)
+from driver_inputs import LEDGER_URL_ENV, arg_parser, check_args  # noqa: E402
+from driver_runtime import EXIT_OK, EXIT_RETRY, LAUNCH_TOKEN_ENV, DriverRuntime, exit_now, run_main  # noqa: E402
 from relay.ledger.models import Offsets  # noqa: E402
 from relay.protocol import Record, commit_batch  # noqa: E402
 from relay.reference_sink import ReferenceSink  # noqa: E402

@@ -98,6 +98,13 @@ class RelayConfig:
     worker_spark_dir: Path | None = None
     """With the ledger store: Spark scratch for drivers and executors, a path valid on every worker
     (None: each worker's own settings decide)."""
+    limits_from_env: tuple[str, ...] = ()
+    """Which of ``max_offsets_per_trigger`` / ``trigger_seconds`` the environment set
+    (``RELAY_MAX_OFFSETS_PER_TRIGGER`` / ``RELAY_TRIGGER_SECONDS``)."""
+    limits_from_file: tuple[str, ...] = ()
+    """Which of them this pipeline's table of the pipelines file set. Both are the operator's: they
+    beat what the pipeline package declares (``relay.launcher.operator_limits``); a value set
+    neither way (the default, ``with_``) is Relay's, and the package's own value beats it."""
 
     def __post_init__(self) -> None:
         if not self.ledger_url:
@@ -194,6 +201,14 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         airflow=_int(env, "RELAY_AIRFLOW_PORT", d.airflow, 1),
     )
     host = env.get("RELAY_HOST", "127.0.0.1")
+    # A batch setting's variable is the operator's (it beats a pipeline package's value), unless
+    # RELAY_OPERATOR_LIMITS names which are: relay.config_env hands on every value, Relay's defaults
+    # included, and names the ones its configuration's operator set.
+    limits = {
+        "max_offsets_per_trigger": "RELAY_MAX_OFFSETS_PER_TRIGGER",
+        "trigger_seconds": "RELAY_TRIGGER_SECONDS",
+    }
+    operator_set = {n.strip() for n in env.get("RELAY_OPERATOR_LIMITS", ",".join(limits)).split(",")}
     trigger = env.get("RELAY_TRIGGER_SECONDS", "1")
     try:
         trigger_seconds = float(trigger)
@@ -221,6 +236,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
         checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
         worker_spark_dir=_path(env, "RELAY_WORKER_SPARK_DIR"),
+        limits_from_env=tuple(n for n, var in limits.items() if env.get(var) and n in operator_set),
     )
 
 

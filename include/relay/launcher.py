@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from relay.artifacts import artifact, build_artifact, check_deployable, require_env_interface
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.driver_logs import LaunchCounter, error_tail, explain_failure
+from relay.driver_properties import driver_environment, driver_properties
 from relay.errors import OperationError, SparkError
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
+from relay.pipeline import BATCH_LIMITS, OPERATOR_LIMITS_ENV
 from relay.spark_auth import signer_for
-from relay.spark_rest import DriverState, SparkStandaloneClient, driver_environment, driver_properties
+from relay.spark_rest import DriverState, SparkStandaloneClient
 
 LOCAL_PREFIX = "local-"
 LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # the ledger URL (it may hold a password): never in argv
@@ -62,6 +64,13 @@ def driver_args(
     return args + list(extra or [])
 
 
+def operator_limits(config: RelayConfig) -> tuple[str, ...]:
+    """Which batch settings the operator set (pipelines file or ``RELAY_*`` variable): in a user
+    pipeline's driver they beat the package's values (``relay.pipeline.effective_limits``)."""
+    declared = {*config.limits_from_env, *config.limits_from_file}
+    return tuple(name for name in BATCH_LIMITS if name in declared)
+
+
 def submission_environment(
     config: RelayConfig, code: str, token: str | None, secrets: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -71,12 +80,16 @@ def submission_environment(
     Cluster mode hands it to the REST server as ``environmentVariables`` (they reach the driver and
     the planner process it starts, and show in no log or command line); local mode passes it to the
     subprocess. Only the artifact's code on PYTHONPATH: the live tree must not shadow the version.
+    It also names the batch settings the operator set (their values are on the command line, as
+    always): a variable, not a new flag, since the reference job and drivers an older Relay froze
+    into an artifact would refuse an unknown flag; they ignore the variable.
     """
     env = {
         **driver_environment(config),
         **(secrets or {}),
         "PYTHONPATH": code,
         LEDGER_URL_ENV: config.ledger_url,
+        OPERATOR_LIMITS_ENV: ",".join(operator_limits(config)),
     }
     if token is not None:
         env[LAUNCH_TOKEN_ENV] = token

@@ -43,6 +43,11 @@ PIPELINE_ATTRIBUTE = "PIPELINE"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+BATCH_LIMITS = ("max_offsets_per_trigger", "trigger_seconds")
+"""The settings a package, the operator and Relay's default may each give (see effective_limits)."""
+OPERATOR_LIMITS_ENV = "RELAY_OPERATOR_LIMITS"
+"""In the driver's environment: which BATCH_LIMITS the operator set (comma-separated names; the
+values travel on its command line, Relay's default's included)."""
 
 
 class PipelineError(ConfigError):
@@ -129,9 +134,11 @@ class Pipeline:
     start: settings read from the environment (a database URL) are read there, not when ``relay
     build`` loads the package. The built sink travels to the tasks pickled (URL included)."""
     max_offsets_per_trigger: int | None = None
-    """Records per micro-batch at most (None: Relay's configured default). Bounds each task's write."""
+    """Records per micro-batch at most (None: Relay's default, 20000). Bounds each task's write. An
+    operator's setting (pipelines file, ``RELAY_MAX_OFFSETS_PER_TRIGGER``) beats it."""
     trigger_seconds: float | None = None
-    """Seconds between micro-batches (None: Relay's configured default)."""
+    """Seconds between micro-batches (None: Relay's default, 1). An operator's setting (pipelines
+    file, ``RELAY_TRIGGER_SECONDS``) beats it."""
     secret_env: tuple[str, ...] = ()
     """Environment variables the sink needs (its database URL): the launcher copies them from its
     own environment into the driver's (never argv, a Spark option or a log); the sink factory reads
@@ -191,6 +198,34 @@ def _problems(p: Pipeline) -> Iterable[str]:
         yield "secret_env must be a tuple of environment variable names (A-Z, 0-9, _)"
     else:
         object.__setattr__(p, "secret_env", tuple(p.secret_env))
+
+
+def operator_limits(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The BATCH_LIMITS the operator set, from the driver's ``RELAY_OPERATOR_LIMITS`` (a name this
+    Relay doesn't know is ignored; no variable: none, as a driver launched by an older Relay)."""
+    names = {n.strip() for n in env.get(OPERATOR_LIMITS_ENV, "").split(",")}
+    return tuple(n for n in BATCH_LIMITS if n in names)
+
+
+def effective_limits(
+    relay: Mapping[str, float], operator: Iterable[str], pipeline: Pipeline | None
+) -> dict[str, tuple[float, str]]:
+    """Each of BATCH_LIMITS as the driver applies it, and whose it is: the operator's setting
+    (``operator`` names those), else the package's, else Relay's default.
+
+    ``relay``: the values the driver was launched with (the operator's where set, else Relay's).
+    """
+    operator = set(operator)
+    out: dict[str, tuple[float, str]] = {}
+    for name in BATCH_LIMITS:
+        declared = getattr(pipeline, name, None)
+        if name in operator:
+            out[name] = (relay[name], "operator")
+        elif declared is not None:
+            out[name] = (declared, "package")
+        else:
+            out[name] = (relay[name], "relay default")
+    return out
 
 
 def missing_columns(columns: Iterable[str]) -> list[str]:

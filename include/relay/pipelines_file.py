@@ -22,6 +22,13 @@ from the environment, exactly as before::
     [pipelines.json_upsert.spark]
     driver_memory = "1g"
     executor_cores = 1
+
+Batch size and trigger (``max_offsets_per_trigger``, ``trigger_seconds``): the operator's setting
+wins, then the package's, then Relay's default. A key set here (or, for every pipeline, the
+``RELAY_MAX_OFFSETS_PER_TRIGGER`` / ``RELAY_TRIGGER_SECONDS`` variable, the file winning over it)
+overrides what the pipeline package declares in ``Pipeline(max_offsets_per_trigger=...,
+trigger_seconds=...)``; a key set nowhere leaves the package's value, else Relay's default (20000
+records, 1 s). So an operator can resize a deployed pipeline's batches without touching its code.
 """
 
 from __future__ import annotations
@@ -179,6 +186,8 @@ def _pipeline(path: Path, name: str, table: Mapping[str, Any]) -> dict[str, Any]
         out["trigger_seconds"] = float(value)
     if "spark" in table:
         out.update(_spark(path, where, table["spark"]))
+    # the operator's, so they beat the package's values (see the module's docstring)
+    out["limits_from_file"] = tuple(k for k in ("max_offsets_per_trigger", "trigger_seconds") if k in table)
     return out
 
 

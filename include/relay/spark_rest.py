@@ -4,22 +4,19 @@ The master's ``/json/`` is Relay's outside view of what runs (applications by na
 submission server (``/v1/submissions/*``) is how cluster-mode Python drivers are started, polled and
 killed. ``spark-submit --deploy-mode cluster app.py`` is refused on standalone, so Python drivers are
 submitted as ``org.apache.spark.deploy.PythonRunner`` with the script as first argument. REST
-submissions ignore ``spark-defaults.conf``: :func:`driver_properties` builds every setting.
+submissions ignore ``spark-defaults.conf``: :func:`relay.driver_properties.driver_properties` builds
+every setting.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 import requests
 
-from relay.config import PROJECT_ROOT, RelayConfig
-from relay.crashpoints import forwarded_env
 from relay.driver_logs import DriverLogUnavailable, LaunchCounter, WorkerLogs
 from relay.errors import SparkError
 from relay.spark_auth import RestSigner, refusal
@@ -348,69 +345,3 @@ class SparkStandaloneClient:
         except requests.RequestException:
             return False
         return response.status_code == 200
-
-
-def driver_properties(
-    config: RelayConfig,
-    app_name: str,
-    supervise: bool,
-    py_files: list[str],
-    extra: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """sparkProperties for a cluster-mode Python driver on the configured standalone cluster.
-
-    Everything lives here because REST submissions ignore ``spark-defaults.conf``. Scratch, sockets
-    and Java temp files go under ``config.spark_dir`` (never /tmp).
-    """
-    spark_dir = config.spark_dir
-    for d in (spark_dir / "local", spark_dir / "sock", spark_dir / "tmp"):
-        d.mkdir(parents=True, exist_ok=True)
-    python = sys.executable
-    pythonpath = os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT)])
-    props = {
-        "spark.master": config.spark_master_url,
-        "spark.submit.deployMode": "cluster",
-        "spark.app.name": app_name,
-        "spark.driver.supervise": "true" if supervise else "false",
-        "spark.pyspark.python": python,
-        "spark.pyspark.driver.python": python,
-        "spark.submit.pyFiles": ",".join(os.path.abspath(p) for p in py_files),
-        **scratch_properties(spark_dir),
-        "spark.driver.memory": config.driver_memory,  # the pipeline's resources (pipelines file)
-        "spark.executor.memory": config.executor_memory,
-        "spark.driver.cores": str(config.driver_cores),
-        "spark.executor.cores": str(config.executor_cores),
-        "spark.cores.max": str(config.cores_max),
-        "spark.ui.port": "0",
-        "spark.ui.killEnabled": "false",  # Relay stops drivers through the ledger and REST, not the UI
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driverEnv.SPARK_LOCAL_IP": config.host,
-        "spark.driverEnv.PYTHONPATH": pythonpath,
-        "spark.executorEnv.SPARK_LOCAL_IP": config.host,
-        "spark.executorEnv.PYTHONPATH": pythonpath,
-    }
-    for name, value in forwarded_env().items():  # tests only: armed crash points reach drivers and tasks
-        props[f"spark.driverEnv.{name}"] = props[f"spark.executorEnv.{name}"] = value
-    props.update({k: str(v) for k, v in (extra or {}).items()})
-    return props
-
-
-def scratch_properties(spark_dir: Path) -> dict[str, str]:
-    """Where drivers and executors put scratch, sockets and Java temp files: ``local``, ``sock`` and
-    ``tmp`` under ``spark_dir`` (never /tmp)."""
-    java_opts = f"-Djava.io.tmpdir={spark_dir / 'tmp'} -XX:-UsePerfData"
-    return {
-        "spark.local.dir": str(spark_dir / "local"),
-        "spark.python.unix.domain.socket.dir": str(spark_dir / "sock"),
-        "spark.driver.extraJavaOptions": java_opts,
-        "spark.executor.extraJavaOptions": java_opts,
-    }
-
-
-def driver_environment(config: RelayConfig) -> dict[str, str]:
-    """environmentVariables of a submission: loopback binding and the project on PYTHONPATH."""
-    return {
-        "SPARK_LOCAL_IP": config.host,
-        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT)]),
-        **forwarded_env(),
-    }

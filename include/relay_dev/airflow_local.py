@@ -30,6 +30,7 @@ from typing import Any
 
 import requests
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config_env import config_env
 from relay.crashpoints import forwarded_env
 from relay.errors import StackError
 from relay.secret_files import ensure_user_password, write_private
@@ -89,37 +90,6 @@ def ensure_admin_password(config: RelayConfig) -> None:
     into the api-server's log. With the user already there it generates and prints nothing.
     """
     ensure_user_password(passwords_file(config), ADMIN_USER)
-
-
-def config_env(config: RelayConfig) -> dict[str, str]:
-    """The ``RELAY_*`` variables that make ``load_config()`` in a task rebuild exactly ``config``."""
-    p = config.ports
-    declared = {"RELAY_PIPELINES_FILE": str(config.pipelines_file)} if config.pipelines_file else {}
-    return {
-        **declared,  # the DAGs' pipeline choices and each task's pipeline come from the same file
-        "RELAY_DATA_DIR": str(config.data_dir),
-        "RELAY_PIPELINE": config.pipeline,
-        "RELAY_TOPIC": config.topic,
-        "RELAY_PARTITIONS": str(config.partitions),
-        "RELAY_KAFKA_BOOTSTRAP": config.kafka_bootstrap,
-        "RELAY_SPARK_MASTER_URL": config.spark_master_url,
-        "RELAY_SPARK_MASTER_UI_URL": config.spark_master_ui_url,
-        "RELAY_SPARK_REST_URL": config.spark_rest_url,
-        "RELAY_LEDGER_URL": config.ledger_url,
-        "RELAY_KAFKA_PORT": str(p.kafka),
-        "RELAY_SPARK_MASTER_PORT": str(p.spark_master),
-        "RELAY_SPARK_MASTER_UI_PORT": str(p.spark_master_ui),
-        "RELAY_SPARK_REST_PORT": str(p.spark_rest),
-        "RELAY_SPARK_WORKER_UI_PORT": str(p.spark_worker_ui),
-        "RELAY_POSTGRES_PORT": str(p.postgres),
-        "RELAY_AIRFLOW_PORT": str(p.airflow),
-        "RELAY_WORKER_CORES": str(config.worker_cores),
-        "RELAY_WORKER_MEMORY": config.worker_memory,
-        "RELAY_TRIGGER_SECONDS": str(config.trigger_seconds),
-        "RELAY_MAX_OFFSETS_PER_TRIGGER": str(config.max_offsets_per_trigger),
-        "RELAY_HOST": config.host,
-        "RELAY_SPARK_REST_SECRET_FILE": str(config.spark_rest_secret_path),  # a path, not the key
-    }
 
 
 def connection_env(config: RelayConfig) -> dict[str, str]:
@@ -406,7 +376,6 @@ __all__ = [
     "airflow_env",
     "airflow_home",
     "base_url",
-    "config_env",
     "connection_env",
     "ensure_airflow_db",
     "passwords_file",

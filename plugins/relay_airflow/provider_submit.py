@@ -37,12 +37,13 @@ import os
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from relay.artifacts import artifact, build_artifact, check_deployable
 from relay.config import RelayConfig
+from relay.driver_properties import driver_properties
 from relay.errors import SparkError
 from relay.launcher import driver_args, submission_environment
 from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
 from relay.spark_install import spark_home
-from relay.spark_rest import PYTHON_RUNNER, driver_properties
+from relay.spark_rest import PYTHON_RUNNER
 
 SUBMIT_CONN_ID = "relay_spark_submit"
 
@@ -93,7 +94,7 @@ def submit_python_driver(
 ) -> str:
     """One cluster-mode Python driver through SparkSubmitHook (a ``spark-submit`` JVM); its driver id.
 
-    ``props`` as :func:`relay.spark_rest.driver_properties` builds them (its ``spark.master`` is
+    ``props`` as :func:`relay.driver_properties.driver_properties` builds them (its ``spark.master`` is
     dropped: the connection decides), ``env`` the driver's environment (secrets included): it is
     spark-submit's own, which the legacy gateway hands to the driver. Also what ``relay bench --only
     submit`` times against :class:`relay.spark_rest.SparkStandaloneClient`.

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.driver_properties import driver_environment, driver_properties
 from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_args, driver_environment, spark_client, submission_environment
+from relay.launcher import driver_args, spark_client, submission_environment
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 from relay.producer import produce
-from relay.spark_rest import driver_properties
 from relay_dev.airflow_local import airflow_env
 
 from tests.conftest import wait_for

@@ -153,8 +153,7 @@ def test_second_attempt_fences_the_first_and_stop_is_clean_in_local_mode(
 
 
 def test_driver_with_bad_arguments_is_not_relaunched(stack: RelayConfig) -> None:
-    from relay.launcher import driver_environment
-    from relay.spark_rest import driver_properties
+    from relay.driver_properties import driver_environment, driver_properties
 
     client = spark_client(stack)
     job = str(stack.data_dir.parent.parent.parent / "spark_jobs" / "reference_job.py")

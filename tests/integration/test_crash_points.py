@@ -14,6 +14,7 @@ import uuid
 import pytest
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config_env import config_env
 from relay.crashpoints import CRASH_ENV, CRASH_EXIT, RECOVERY_POINTS, UPGRADE_POINTS
 from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.store import Ledger
@@ -23,7 +24,6 @@ from relay.operations.recover import recover
 from relay.operations.stop import stop
 from relay.operations.upgrade import upgrade
 from relay.producer import produce
-from relay_dev.airflow_local import config_env
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,26 +22,18 @@ from pathlib import Path
 
 import pytest
 from relay.config import PROJECT_ROOT
-from relay_dev.hosts import NamespaceCluster, cleanup, cleanup_stale, new_run_dir, remove_run_dir
+from relay_dev.hosts import NamespaceCluster, cleanup, cleanup_stale, netns, new_run_dir, remove_run_dir
 from relay_dev.hosts.netns import ip
 from relay_dev.hosts.state import Proc, RunState
 
 from tests.conftest import wait_for
 
-
-def _can_make_namespaces() -> bool:
-    """Root with iproute2, and the kernel lets us make network and mount namespaces (a container may not)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, check=False)
-    return probe.returncode == 0
-
-
-# In `make test` (about 1.5 min: the short multi-host run); `make test-hosts` runs it alone.
+# The cleanup tests run in `make test`; the smoke test (~1.5 min) in `make test-hosts`, `make test-long`:
+# test_hosts_deploy.py, in `make test`, builds the same cluster and checks the same from Relay's side.
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.multihost,
-    pytest.mark.skipif(not _can_make_namespaces(), reason="needs root, iproute2 and namespace rights"),
+    pytest.mark.skipif(not netns.available(), reason="needs root, iproute2 and namespace rights"),
 ]
 
 APP = PROJECT_ROOT / "tests" / "integration" / "apps" / "rogue_app.py"
@@ -101,6 +92,7 @@ def listeners(cluster: NamespaceCluster, host: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_namespace_cluster_runs_spark_kafka_postgres_across_hosts() -> None:
     phase = Phases()
     stale = cleanup_stale()

@@ -11,6 +11,7 @@ import pytest
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config_env import config_env
 from relay.errors import OperationError
 from relay.launcher import driver_running, spark_client
 from relay.ledger.models import InstanceState
@@ -20,7 +21,7 @@ from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
 from relay.producer import produce
-from relay_dev.airflow_local import config_env, ensure_airflow_db
+from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
 from tests.integration.helpers import Load, caught_up, dag_test, start_rogue_app, versions_by_offset

@@ -27,13 +27,14 @@ from pathlib import Path
 import pytest
 from relay.audit import audit
 from relay.config import RelayConfig, load_config
+from relay.config_env import config_env
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_output
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
-from relay_dev.airflow_local import config_env, ensure_airflow_db
+from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
 from tests.integration.helpers import Load, caught_up, dag_test

@@ -20,11 +20,11 @@ from relay.artifact_store import (
 )
 from relay.artifacts import artifact, build_artifact
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
+from relay.driver_properties import driver_properties
 from relay.errors import ConfigError
 from relay.launcher import submission_environment
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
-from relay.spark_rest import driver_properties
 
 sys.path.insert(0, str(PROJECT_ROOT / "spark_jobs"))
 import artifact_bootstrap as boot  # noqa: E402

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import requests
 from relay.config import PROJECT_ROOT, load_config
+from relay.driver_properties import driver_properties
 from relay.errors import SparkError
 from relay.spark_rest import (
     PYTHON_RUNNER,
@@ -17,7 +18,6 @@ from relay.spark_rest import (
     MasterState,
     SparkStandaloneClient,
     create_request,
-    driver_properties,
     parse_create_response,
     parse_status_response,
 )

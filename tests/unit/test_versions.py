@@ -26,7 +26,6 @@ from relay.artifacts import (
     artifacts_dir,
     build_artifact,
     current_code_hash,
-    sink_declares,
     zip_code_hash,
 )
 from relay.cli_render import iso_time, render
@@ -38,6 +37,7 @@ from relay.operations import rollback as rb
 from relay.operations import upgrade as upgrade_module
 from relay.operations.upgrade_steps import ALL_TERMINAL
 from relay.pipeline import ForEachBatch, Pipeline
+from relay.sink_declares import sink_declares
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
 from relay.sinks.postgres_upsert import PostgresUpsertSink
 from rich.console import Console

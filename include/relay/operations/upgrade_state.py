@@ -70,7 +70,12 @@ def check_gates(grace_s: float, drain_timeout_s: float, catchup_s: float, max_la
 
 
 def resolved_max_lag(config: RelayConfig, max_lag: int | None) -> int:
-    """The cutover gate's lag bound in records (None: one batch, maxOffsetsPerTrigger)."""
+    """The cutover gate's lag bound in records (None: one batch, maxOffsetsPerTrigger).
+
+    One batch as the operator set it (pipelines file, ``RELAY_MAX_OFFSETS_PER_TRIGGER``), which the
+    driver applies over the package's; else Relay's default, which a package may lower or raise
+    (``artifact.json`` does not record its value): pass ``max_lag`` to match such a package.
+    """
     return int(config.max_offsets_per_trigger if max_lag is None else max_lag)
 
 

@@ -2,7 +2,7 @@
 and through the Spark provider's ``SparkSubmitHook`` (``relay_airflow.provider_submit``).
 
 Both sides submit the same trivial cluster-mode Python driver (it prints a line and exits: no
-SparkContext, no executors) with the same properties from :func:`relay.spark_rest.driver_properties`,
+SparkContext, no executors) with the same properties from :func:`relay.driver_properties.driver_properties`,
 ``SUBMITS`` times each, one after the other: each driver must end (FINISHED) before the next
 submission, so one driver's JVM does not slow the next submission down. Timed: from the call to the
 returned driver id, the client's CPU time for it, and for spark-submit its JVM's peak RSS.
@@ -57,7 +57,7 @@ def trivial_driver(work_dir: Path) -> Path:
 
 def submission(config: RelayConfig, app_file: Path, label: str) -> tuple[dict[str, str], dict[str, str]]:
     """(sparkProperties, environment) of the trivial driver: unsupervised, nothing secret."""
-    from relay.spark_rest import driver_environment, driver_properties
+    from relay.driver_properties import driver_environment, driver_properties
 
     return driver_properties(config, f"{APP_NAME}-{label}", supervise=False, py_files=[]), driver_environment(
         config

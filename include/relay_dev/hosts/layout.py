@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.config import Ports, RelayConfig
+from relay.config_env import config_env
 
 from relay_dev.hosts import enter
 from relay_dev.hosts.netns import ip_binary
@@ -120,19 +121,18 @@ class Layout:
             worker_memory=self.worker_memory,
         )
 
+    def client_config(self) -> RelayConfig:
+        """The client's settings as README "Running on a real cluster" lists them: PostgreSQL ledger,
+        artifacts in the ledger (a driver may start on any worker), checkpoints on the shared store."""
+        return self.config("client").with_(
+            artifact_store="ledger",
+            checkpoint_root=self.checkpoint_root,
+            worker_spark_dir=self.host_local / "spark",
+        )
+
     def client_env(self) -> dict[str, str]:
         """RELAY_* variables of a Relay command on the client host (``relay.config.load_config``)."""
-        cfg = self.config("client")
-        return {
-            "RELAY_DATA_DIR": str(cfg.data_dir),
-            "RELAY_HOST": cfg.host,
-            "RELAY_KAFKA_BOOTSTRAP": cfg.kafka_bootstrap,
-            "RELAY_SPARK_MASTER_URL": cfg.spark_master_url,
-            "RELAY_SPARK_MASTER_UI_URL": cfg.spark_master_ui_url,
-            "RELAY_SPARK_REST_URL": cfg.spark_rest_url,
-            "RELAY_SPARK_REST_SECRET_FILE": str(cfg.spark_rest_secret_path),
-            "RELAY_LEDGER_URL": cfg.ledger_url,
-        }
+        return config_env(self.client_config())
 
     # -- entering a host -------------------------------------------------------------------------
 

@@ -49,6 +49,15 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def available() -> bool:
+    """Root with iproute2 and unshare, and the kernel lets us make network and mount namespaces (a
+    container may not): what the namespace cluster needs."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
 def exists(ns: str) -> bool:
     return (NETNS_DIR / ns).exists()
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import requests
 from relay.config import RelayConfig, load_config
+from relay.driver_properties import driver_environment, driver_properties
 from relay.errors import SparkError
 from relay.launcher import spark_client
-from relay.spark_rest import MasterState, SparkStandaloneClient, driver_environment, driver_properties
+from relay.spark_rest import MasterState, SparkStandaloneClient
 
 
 def _emit(result: dict[str, Any]) -> None:

@@ -1,0 +1,84 @@
+"""A configuration handed to another process through RELAY_* variables comes back identical."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from relay.config import Ports, RelayConfig, load_config
+from relay.config_env import config_env
+from relay.errors import ConfigError
+
+
+def rebuilt(config: RelayConfig) -> RelayConfig:
+    return load_config(config_env(config))
+
+
+def test_every_setting_of_a_cluster_client_survives_the_trip(tmp_path: Path) -> None:
+    config = RelayConfig(
+        data_dir=tmp_path / "client data",
+        pipeline="orders",
+        topic="orders.v1",
+        partitions=7,
+        kafka_bootstrap="10.0.0.20:9092",
+        spark_master_url="spark://10.0.0.10:7077",
+        spark_master_ui_url="http://10.0.0.10:8080",
+        spark_rest_url="http://10.0.0.10:6066",
+        ledger_url="postgresql+psycopg2://relay:s3cret@10.0.0.30:5432/relay",
+        ports=Ports(
+            kafka=1, spark_master=2, spark_master_ui=3, spark_rest=4, spark_worker_ui=5, postgres=6, airflow=7
+        ),
+        worker_cores=3,
+        worker_memory="2g",
+        trigger_seconds=2.5,
+        max_offsets_per_trigger=1234,
+        host="10.0.0.40",
+        spark_rest_secret_file=tmp_path / "key",
+        pipeline_code=tmp_path / "my pipeline",
+        keep_versions=9,
+        artifact_store="ledger",
+        checkpoint_root=tmp_path / "shared store" / "checkpoints%20",
+        worker_spark_dir=tmp_path / "local" / "spark",
+    )
+    assert rebuilt(config) == config
+    env = config_env(config)
+    assert env["RELAY_CHECKPOINT_ROOT"].startswith("file:///"), "the documented URI form"
+    assert "s3cret" not in env["RELAY_SPARK_REST_SECRET_FILE"]
+
+
+def test_defaults_survive_and_optional_settings_stay_unset(tmp_path: Path) -> None:
+    config = RelayConfig(data_dir=tmp_path).with_(spark_rest_secret_file=tmp_path / "secrets" / "k")
+    env = config_env(config)
+    assert rebuilt(config) == config
+    for name in (
+        "RELAY_CHECKPOINT_ROOT",
+        "RELAY_WORKER_SPARK_DIR",
+        "RELAY_PIPELINE_CODE",
+        "RELAY_PIPELINES_FILE",
+    ):
+        assert name not in env
+    assert env["RELAY_ARTIFACT_STORE"] == "local"
+
+
+def test_a_pipelines_file_names_the_code_not_the_environment(tmp_path: Path) -> None:
+    """With a file, one pipeline's RELAY_PIPELINE_CODE would be stale for the others: never passed."""
+    (tmp_path / "orders").mkdir()
+    (tmp_path / "pipelines.toml").write_text(
+        '[pipelines.orders]\ntopic = "orders"\npipeline_code = "orders"\n'
+        '[pipelines.experience]\ntopic = "experience"\n'
+    )
+    config = load_config({"RELAY_DATA_DIR": str(tmp_path)}, pipeline="orders")
+    env = config_env(config)
+    assert "RELAY_PIPELINE_CODE" not in env and env["RELAY_PIPELINES_FILE"] == str(
+        tmp_path / "pipelines.toml"
+    )
+    assert load_config(env, pipeline="experience").pipeline_code is None
+    assert load_config(env, pipeline="orders").pipeline_code == tmp_path / "orders"
+
+
+def test_a_bad_value_in_the_environment_is_refused_by_name(tmp_path: Path) -> None:
+    env = config_env(RelayConfig(data_dir=tmp_path))
+    with pytest.raises(ConfigError, match="RELAY_ARTIFACT_STORE"):
+        load_config({**env, "RELAY_ARTIFACT_STORE": "s3"})
+    with pytest.raises(ConfigError, match="RELAY_CHECKPOINT_ROOT"):
+        load_config({**env, "RELAY_CHECKPOINT_ROOT": "hdfs://nn/checkpoints"})
