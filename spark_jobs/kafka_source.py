@@ -11,8 +11,8 @@ Register it with :func:`register` and read with ``spark.readStream.format("relay
 Where the code runs: ``initialOffset``/``latestOffset``/``partitions``/``commit`` run in one long-lived
 Python process the driver JVM starts (the "planner"); ``read`` runs in executor Python workers from a
 pickled copy of the reader. The planner keeps one lazily created consumer for metadata and offsets;
-each ``read`` opens and closes its own consumer (no group, no auto commit: Spark's checkpoint, and
-Relay's ledger, own the positions).
+``read`` (:mod:`kafka_partition_read`) uses its Python worker's pooled consumer, kept across tasks and
+batches. No group, no auto commit: Spark's checkpoint, and Relay's ledger, own the positions.
 
 What the next batch reads is decided in :mod:`kafka_offsets_plan` (pure functions: bounded batches,
 data loss, new partitions, lease caps); the options are validated in :mod:`kafka_source_options`.
@@ -28,8 +28,8 @@ from typing import Any
 
 import kafka_consumer_pool
 import kafka_offsets_plan
+import kafka_partition_read
 import kafka_source_options
-from kafka_consumer_pool import drop_consumer, pooled_consumer
 from kafka_offsets_plan import (
     EARLIEST,
     LATEST,
@@ -42,6 +42,7 @@ from kafka_offsets_plan import (
     plan_batch_end,
     to_offset_json,
 )
+from kafka_partition_read import read_partition
 from kafka_source_options import SourceSettings, ledger_url_from_env
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -59,7 +60,7 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from relay.errors import ConfigError, DataLossError, KafkaError
+from relay.errors import ConfigError, KafkaError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,6 @@ KAFKA_SCHEMA = StructType(
     ]
 )
 
-_ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch yielded by read(): bounded memory, few JVM round trips
 METADATA_REFRESH_S = 10.0  # how often the planner looks for new partitions (a full metadata refresh)
 
 
@@ -318,96 +318,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side ------------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        """Yield the records of [start, end) of one Kafka partition as pyarrow RecordBatches.
-
-        Reads until the consumer's position reaches ``end`` rather than until a record with offset
-        ``end - 1`` arrives: offsets have holes (transaction markers, compaction, aborted records).
-        """
+        """Yield the records of [start, end) of one Kafka partition as pyarrow RecordBatches
+        (:func:`kafka_partition_read.read_partition`)."""
         if not isinstance(partition, KafkaInputPartition):
             raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
-        import pyarrow as pa
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.errors import KafkaError as VendorKafkaError
-        from kafka.errors import OffsetOutOfRangeError
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        s = self.settings
         schema = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
-        tp = TopicPartition(partition.topic, partition.partition)
-        consumer = pooled_consumer(s, KafkaConsumer)
-        healthy = False
-        try:
-            consumer.assign([tp])
-            first = int(consumer.beginning_offsets([tp])[tp])
-            start = partition.start
-            if start < first:
-                if s.fail_on_data_loss:
-                    raise DataLossError(partition.topic, partition.partition, start, first)
-                log.warning(
-                    "%s; failOnDataLoss=false: reading from %d",
-                    DataLossError(tp.topic, tp.partition, start, first),
-                    first,
-                )
-                start = first
-            if start >= partition.end:
-                healthy = True
-                return
-            consumer.seek(tp, start)
-            cols: tuple[list[Any], ...] = ([], [], [], [], [])  # key, value, offset, timestamp, tstype
-            deadline = time.monotonic() + s.poll_timeout_ms / 1000
-            position = start
-            while position < partition.end:
-                try:
-                    fetched = consumer.poll(timeout_ms=min(1000, s.poll_timeout_ms))
-                except OffsetOutOfRangeError:
-                    earliest_now = int(consumer.beginning_offsets([tp])[tp])
-                    raise DataLossError(tp.topic, tp.partition, consumer.position(tp), earliest_now) from None
-                for record in fetched.get(tp, ()):
-                    if record.offset >= partition.end:
-                        break
-                    cols[0].append(record.key)
-                    cols[1].append(record.value)
-                    cols[2].append(record.offset)
-                    cols[3].append(record.timestamp * 1000 if record.timestamp is not None else None)
-                    cols[4].append(record.timestamp_type)
-                    if len(cols[2]) >= _ARROW_CHUNK_ROWS:
-                        yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
-                        cols = ([], [], [], [], [])
-                new_position = int(consumer.position(tp))
-                if new_position > position:
-                    position = new_position
-                    deadline = time.monotonic() + s.poll_timeout_ms / 1000
-                elif time.monotonic() > deadline:
-                    raise KafkaError(
-                        f"{tp.topic}[{tp.partition}]: no record at offset {position} within "
-                        f"{s.poll_timeout_ms} ms (batch needs [{partition.start}, {partition.end})); "
-                        "raise pollTimeoutMs or check the broker"
-                    )
-            if cols[2]:
-                yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
-            healthy = True
-        except VendorKafkaError as exc:
-            raise KafkaError(f"reading {tp.topic}[{tp.partition}] failed: {exc}") from exc
-        finally:
-            if not healthy:  # never reuse a consumer in an unknown state
-                drop_consumer(s, consumer)
-
-
-def _to_record_batch(pa: Any, schema: Any, topic: str, partition: int, cols: tuple[list[Any], ...]) -> Any:
-    """Columns -> one RecordBatch in exactly the Arrow schema Spark expects (it compares schemas)."""
-    n = len(cols[2])
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(cols[0], pa.binary()),
-            pa.array(cols[1], pa.binary()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array(cols[2], pa.int64()),
-            pa.array(cols[3], pa.timestamp("us", tz="UTC")),
-            pa.array(cols[4], pa.int32()),
-        ],
-        schema=schema,
-    )
+        yield from read_partition(
+            self.settings, schema, partition.topic, partition.partition, partition.start, partition.end
+        )
 
 
 def register(spark: Any) -> None:
@@ -418,6 +338,7 @@ def register(spark: Any) -> None:
     """
     from pyspark import cloudpickle
 
-    for module in (kafka_offsets_plan, kafka_source_options, kafka_consumer_pool, sys.modules[__name__]):
+    helpers = (kafka_offsets_plan, kafka_source_options, kafka_consumer_pool, kafka_partition_read)
+    for module in (*helpers, sys.modules[__name__]):
         cloudpickle.register_pickle_by_value(module)  # its helper modules too: same reason
     spark.dataSource.register(KafkaDataSource)

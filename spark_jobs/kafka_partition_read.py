@@ -1,0 +1,139 @@
+"""Reading one Kafka partition's offset range on an executor, as Arrow batches Spark takes as they are.
+
+Kept apart from :mod:`kafka_source` (the planner: offsets, limits, leases, data loss before a batch):
+this is the executor's hot path. Each Python worker keeps one pooled consumer across tasks and
+batches (:func:`worker_pool`) and asks each poll for no more records than the range still needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kafka_consumer_pool import drop_consumer, pooled_consumer
+from kafka_source_options import SourceSettings
+from relay.errors import DataLossError, KafkaError
+
+log = logging.getLogger(__name__)
+
+_ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch: bounded memory, few JVM round trips
+_POLL_MAX_RECORDS = 10_000  # records per poll at most (the pooled consumer's max_poll_records)
+
+
+def read_partition(
+    s: SourceSettings, schema: Any, topic: str, number: int, begin: int, end: int
+) -> Iterator[Any]:
+    """Yield the records of [begin, end) of partition ``number`` of ``topic`` as pyarrow
+    RecordBatches in ``schema`` (Spark's Kafka schema as Arrow).
+
+    Reads until the consumer's position reaches ``end`` rather than until a record with offset
+    ``end - 1`` arrives: offsets have holes (transaction markers, compaction, aborted records).
+    """
+    import pyarrow as pa
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError as VendorKafkaError
+    from kafka.errors import OffsetOutOfRangeError
+
+    tp = TopicPartition(topic, number)
+    take, drop = worker_pool()
+    consumer = take(s, KafkaConsumer)
+    healthy = False
+    try:
+        consumer.assign([tp])
+        first = int(consumer.beginning_offsets([tp])[tp])
+        start = begin
+        if start < first:
+            if s.fail_on_data_loss:
+                raise DataLossError(topic, number, start, first)
+            log.warning(
+                "%s; failOnDataLoss=false: reading from %d",
+                DataLossError(tp.topic, tp.partition, start, first),
+                first,
+            )
+            start = first
+        if start >= end:
+            healthy = True
+            return
+        consumer.seek(tp, start)
+        cols: tuple[list[Any], ...] = ([], [], [], [], [])  # key, value, offset, timestamp, tstype
+        deadline = time.monotonic() + s.poll_timeout_ms / 1000
+        position = start
+        while position < end:
+            try:
+                # Ask for no more than the range still needs: kafka-python decodes up to
+                # max_records of the fetched data per poll, and records past ``end`` were
+                # decoded for nothing (a 3,333-record task decoded 10,000).
+                fetched = consumer.poll(
+                    timeout_ms=min(1000, s.poll_timeout_ms),
+                    max_records=min(end - position, _POLL_MAX_RECORDS),
+                )
+            except OffsetOutOfRangeError:
+                earliest_now = int(consumer.beginning_offsets([tp])[tp])
+                raise DataLossError(tp.topic, tp.partition, consumer.position(tp), earliest_now) from None
+            for record in fetched.get(tp, ()):
+                if record.offset >= end:
+                    break
+                cols[0].append(record.key)
+                cols[1].append(record.value)
+                cols[2].append(record.offset)
+                cols[3].append(record.timestamp * 1000 if record.timestamp is not None else None)
+                cols[4].append(record.timestamp_type)
+                if len(cols[2]) >= _ARROW_CHUNK_ROWS:
+                    yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
+                    cols = ([], [], [], [], [])
+            new_position = int(consumer.position(tp))
+            if new_position > position:
+                position = new_position
+                deadline = time.monotonic() + s.poll_timeout_ms / 1000
+            elif time.monotonic() > deadline:
+                raise KafkaError(
+                    f"{tp.topic}[{tp.partition}]: no record at offset {position} within "
+                    f"{s.poll_timeout_ms} ms (batch needs [{begin}, {end})); "
+                    "raise pollTimeoutMs or check the broker"
+                )
+        if cols[2]:
+            yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
+        healthy = True
+    except VendorKafkaError as exc:
+        raise KafkaError(f"reading {tp.topic}[{tp.partition}] failed: {exc}") from exc
+    finally:
+        if not healthy:  # never reuse a consumer in an unknown state
+            drop(s, consumer)
+
+
+def worker_pool() -> tuple[Callable[..., Any], Callable[..., None]]:
+    """``(pooled_consumer, drop_consumer)`` of the ``kafka_consumer_pool`` module imported by name in
+    this process: its pool lives as long as the Python worker.
+
+    ``kafka_source.register`` pickles the source's modules by value, so every task unpickles fresh
+    copies of their globals: a pool reached through them is a new, empty dict in every task
+    (measured: a new consumer per task -- connection, API versions, metadata -- and the previous one
+    never closed). The worker imports the real module once, from the job's zip on its path, and
+    keeps it in ``sys.modules``; ``driver_checks.warm_up_executors`` warms the same one. Where it
+    cannot be imported, the by-value copies serve (a consumer per task, as before).
+    """
+    try:
+        real = importlib.import_module("kafka_consumer_pool")
+    except ImportError:
+        return pooled_consumer, drop_consumer
+    return real.pooled_consumer, real.drop_consumer
+
+
+def _to_record_batch(pa: Any, schema: Any, topic: str, partition: int, cols: tuple[list[Any], ...]) -> Any:
+    """Columns -> one RecordBatch in exactly the Arrow schema Spark expects (it compares schemas)."""
+    n = len(cols[2])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(cols[0], pa.binary()),
+            pa.array(cols[1], pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(cols[2], pa.int64()),
+            pa.array(cols[3], pa.timestamp("us", tz="UTC")),
+            pa.array(cols[4], pa.int32()),
+        ],
+        schema=schema,
+    )
