@@ -118,14 +118,26 @@ def trigger_dag_rest(
     return api.trigger(dag_id, conf)
 
 
-def wait_dag_run(config: RelayConfig, dag_id: str, run_id: str, timeout: float = 600) -> dict[str, Any]:
+def wait_dag_run(
+    config: RelayConfig, dag_id: str, run_id: str, timeout: float = 600, request_timeout_s: float = 15
+) -> dict[str, Any]:
     """Poll the dag run until it is ``success`` or ``failed``; StackError on timeout. Returns the run."""
-    api = AirflowApi(config)
+    api = AirflowApi(config, request_timeout_s)
     deadline = time.monotonic() + timeout
+    state: Any = "unknown"
     while True:
-        run = api.dag_run(dag_id, run_id)
-        if run.get("state") in FINAL_RUN_STATES:
-            return run
+        try:
+            run = api.dag_run(dag_id, run_id)
+        except StackError as exc:
+            # A poll the api-server did not answer in time (a busy machine) is not the run's end:
+            # poll again until the deadline; any HTTP error answer still fails at once.
+            if not isinstance(exc.__cause__, requests.Timeout | requests.ConnectionError):
+                raise
+            state = f"unanswered ({exc})"
+        else:
+            if run.get("state") in FINAL_RUN_STATES:
+                return run
+            state = run.get("state")
         if time.monotonic() > deadline:
-            raise StackError(f"dag run {dag_id}/{run_id} still {run.get('state')} after {timeout:.0f}s")
+            raise StackError(f"dag run {dag_id}/{run_id} still {state} after {timeout:.0f}s")
         time.sleep(1)
