@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,3 +28,21 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+class Phases:
+    """Wall time of each phase of a long test, printed as it ends and as a table at the end."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        yield
+        self.seconds[name] = round(time.monotonic() - t0, 2)
+        print(f"phase {name}: {self.seconds[name]}s", flush=True)
+
+    def report(self) -> None:
+        width = max((len(k) for k in self.seconds), default=0)
+        print("\n".join(f"  {k:<{width}} {v:>8.2f}s" for k, v in self.seconds.items()), flush=True)

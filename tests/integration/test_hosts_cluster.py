@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from relay_dev.hosts import NamespaceCluster, cleanup, cleanup_stale, netns, new
 from relay_dev.hosts.netns import ip
 from relay_dev.hosts.state import Proc, RunState
 
-from tests.conftest import wait_for
+from tests.conftest import Phases, wait_for
 
 # The cleanup tests run in `make test`; the smoke test (~1.5 min) in `make test-hosts`, `make test-long`:
 # test_hosts_deploy.py, in `make test`, builds the same cluster and checks the same from Relay's side.
@@ -38,23 +37,6 @@ pytestmark = [
 
 APP = PROJECT_ROOT / "tests" / "integration" / "apps" / "rogue_app.py"
 SMOKE = [sys.executable, "-m", "relay_dev.hosts.smoke"]
-
-
-class Phases:
-    """Wall time of each phase, printed as it ends and as a table at the end."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.monotonic()
-        yield
-        self.seconds[name] = round(time.monotonic() - t0, 2)
-        print(f"phase {name}: {self.seconds[name]}s", flush=True)
-
-    def report(self) -> None:
-        print("\n".join(f"  {k:<28} {v:>7.2f}s" for k, v in self.seconds.items()), flush=True)
 
 
 def namespaces_named(prefix: str) -> list[str]:

@@ -31,6 +31,8 @@ from relay_dev.hosts import NamespaceCluster, cleanup, cleanup_stale, netns, new
 from relay_dev.hosts.netns import pids
 from relay_dev.hosts.smoke import executor_hosts
 
+from tests.conftest import Phases
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.multihost,
@@ -105,23 +107,6 @@ def driver_placement(cluster: NamespaceCluster, env: dict[str, str]) -> dict[str
         }
 
     return cluster.call_in("client", look)
-
-
-class Phases:
-    """Wall time of each step, printed as it ends and as a table at the end."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Any:
-        t0 = time.monotonic()
-        yield
-        self.seconds[name] = round(time.monotonic() - t0, 2)
-        print(f"phase {name}: {self.seconds[name]}s", flush=True)
-
-    def report(self) -> None:
-        print("\n".join(f"  {k:<44} {v:>7.2f}s" for k, v in self.seconds.items()), flush=True)
 
 
 def test_deploy_upgrade_host_loss_and_recovery_on_the_namespace_cluster() -> None:
