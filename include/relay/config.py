@@ -36,6 +36,24 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+BATCH_LIMITS = ("max_offsets_per_trigger", "trigger_seconds")
+"""The settings a pipeline package, the operator and Relay's default may each give (an operator's
+wins: relay.pipeline.effective_limits)."""
+BATCH_LIMIT_VARIABLES = {
+    "max_offsets_per_trigger": "RELAY_MAX_OFFSETS_PER_TRIGGER",
+    "trigger_seconds": "RELAY_TRIGGER_SECONDS",
+}
+OPERATOR_LIMITS_ENV = "RELAY_OPERATOR_LIMITS"
+"""Which BATCH_LIMITS the operator set, comma-separated: in a driver's environment (the values travel
+on its command line) and in ``relay.config_env``'s (its RELAY_* values include Relay's defaults)."""
+
+
+def named_limits(raw: str) -> tuple[str, ...]:
+    """The BATCH_LIMITS a comma-separated list names, in BATCH_LIMITS order (other names ignored)."""
+    names = {n.strip() for n in raw.split(",")}
+    return tuple(n for n in BATCH_LIMITS if n in names)
+
+
 @dataclass(frozen=True)
 class Ports:
     """Loopback ports of the embedded stack."""
@@ -204,11 +222,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
     # A batch setting's variable is the operator's (it beats a pipeline package's value), unless
     # RELAY_OPERATOR_LIMITS names which are: relay.config_env hands on every value, Relay's defaults
     # included, and names the ones its configuration's operator set.
-    limits = {
-        "max_offsets_per_trigger": "RELAY_MAX_OFFSETS_PER_TRIGGER",
-        "trigger_seconds": "RELAY_TRIGGER_SECONDS",
-    }
-    operator_set = {n.strip() for n in env.get("RELAY_OPERATOR_LIMITS", ",".join(limits)).split(",")}
+    operator_set = named_limits(env.get(OPERATOR_LIMITS_ENV, ",".join(BATCH_LIMITS)))
     trigger = env.get("RELAY_TRIGGER_SECONDS", "1")
     try:
         trigger_seconds = float(trigger)
@@ -236,7 +250,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
         checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
         worker_spark_dir=_path(env, "RELAY_WORKER_SPARK_DIR"),
-        limits_from_env=tuple(n for n, var in limits.items() if env.get(var) and n in operator_set),
+        limits_from_env=tuple(n for n in operator_set if env.get(BATCH_LIMIT_VARIABLES[n])),
     )
 
 

@@ -8,7 +8,7 @@ named explicitly), tested in tests/unit/test_config_env.py.
 
 from __future__ import annotations
 
-from relay.config import RelayConfig
+from relay.config import OPERATOR_LIMITS_ENV, RelayConfig
 
 
 def config_env(config: RelayConfig) -> dict[str, str]:
@@ -37,7 +37,7 @@ def config_env(config: RelayConfig) -> dict[str, str]:
         "RELAY_MAX_OFFSETS_PER_TRIGGER": str(config.max_offsets_per_trigger),
         # which of the two the operator set (they beat a pipeline package's values; the others are
         # Relay's): without it, load_config would take both for the operator's
-        "RELAY_OPERATOR_LIMITS": ",".join(config.limits_from_env),
+        OPERATOR_LIMITS_ENV: ",".join(config.limits_from_env),
         "RELAY_HOST": config.host,
         "RELAY_SPARK_REST_SECRET_FILE": str(config.spark_rest_secret_path),  # a path, never the key
         "RELAY_KEEP_VERSIONS": str(config.keep_versions),

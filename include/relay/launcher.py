@@ -14,14 +14,13 @@ import time
 from dataclasses import dataclass
 
 from relay.artifacts import artifact, build_artifact, check_deployable, require_env_interface
-from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config import BATCH_LIMITS, OPERATOR_LIMITS_ENV, PROJECT_ROOT, RelayConfig
 from relay.driver_logs import LaunchCounter, error_tail, explain_failure
 from relay.driver_properties import driver_environment, driver_properties
 from relay.errors import OperationError, SparkError
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.pipeline import BATCH_LIMITS, OPERATOR_LIMITS_ENV
 from relay.spark_auth import signer_for
 from relay.spark_rest import DriverState, SparkStandaloneClient
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.config import BATCH_LIMITS, OPERATOR_LIMITS_ENV, named_limits
 from relay.errors import ConfigError, RelayError
 from relay.sinks.base import SOURCE_COLUMNS, ExecutorSink, TaskResult
 
@@ -43,11 +44,6 @@ PIPELINE_ATTRIBUTE = "PIPELINE"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-BATCH_LIMITS = ("max_offsets_per_trigger", "trigger_seconds")
-"""The settings a package, the operator and Relay's default may each give (see effective_limits)."""
-OPERATOR_LIMITS_ENV = "RELAY_OPERATOR_LIMITS"
-"""In the driver's environment: which BATCH_LIMITS the operator set (comma-separated names; the
-values travel on its command line, Relay's default's included)."""
 
 
 class PipelineError(ConfigError):
@@ -203,8 +199,7 @@ def _problems(p: Pipeline) -> Iterable[str]:
 def operator_limits(env: Mapping[str, str]) -> tuple[str, ...]:
     """The BATCH_LIMITS the operator set, from the driver's ``RELAY_OPERATOR_LIMITS`` (a name this
     Relay doesn't know is ignored; no variable: none, as a driver launched by an older Relay)."""
-    names = {n.strip() for n in env.get(OPERATOR_LIMITS_ENV, "").split(",")}
-    return tuple(n for n in BATCH_LIMITS if n in names)
+    return named_limits(env.get(OPERATOR_LIMITS_ENV, ""))
 
 
 def effective_limits(

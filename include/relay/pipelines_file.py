@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relay.config import BATCH_LIMITS
 from relay.errors import ConfigError
 
 PIPELINES_FILE_ENV = "RELAY_PIPELINES_FILE"
@@ -187,7 +188,7 @@ def _pipeline(path: Path, name: str, table: Mapping[str, Any]) -> dict[str, Any]
     if "spark" in table:
         out.update(_spark(path, where, table["spark"]))
     # the operator's, so they beat the package's values (see the module's docstring)
-    out["limits_from_file"] = tuple(k for k in ("max_offsets_per_trigger", "trigger_seconds") if k in table)
+    out["limits_from_file"] = tuple(k for k in BATCH_LIMITS if k in table)
     return out
 
 
