@@ -247,35 +247,14 @@ def package_variant(root: Path, name: str, limit: int) -> Path:
 
 
 # ------------------------------------------------------------------------------------- the runs
-def run_variant(
-    ctx: Context,
-    ledger_url: str,
-    limit: int,
-    messages: int,
-    ids: int,
-    cores_max: int | None = None,
-    executor_cores: int | None = None,
-    label: str = "",
-) -> dict[str, Any]:
-    """Deploy the example with read limit ``limit``, wait for the backlog, measure, stop it.
-
-    ``cores_max``/``executor_cores``: the driver's Spark resources, as a pipelines file's
-    ``[pipelines.<name>.spark]`` would set them (None: the configuration's, 1 and 1 by default).
-    ``label``: appended to the pipeline's name, to deploy the same settings twice in one run.
-    """
+def run_variant(ctx: Context, ledger_url: str, limit: int, messages: int, ids: int) -> dict[str, Any]:
+    """Deploy the example with read limit ``limit``, wait for the backlog, measure, stop it."""
     from relay.artifacts import build_artifact
     from relay.operations.deploy import deploy
     from relay.operations.stop import stop
 
-    resources: dict[str, int] = {}
-    if cores_max is not None:
-        resources["cores_max"] = cores_max
-    if executor_cores is not None:
-        resources["executor_cores"] = executor_cores
-    name = f"ju_m{limit}" + "".join(f"_{k[0]}{v}" for k, v in sorted(resources.items())) + label
-    cfg = ctx.config.with_(
-        pipeline=name, topic=TOPIC, ledger_url=ledger_url, max_offsets_per_trigger=limit, **resources
-    )
+    name = f"ju_m{limit}"
+    cfg = ctx.config.with_(pipeline=name, topic=TOPIC, ledger_url=ledger_url, max_offsets_per_trigger=limit)
     package = package_variant(ctx.work_dir / "pipeline-code", name, limit)
     url = sink_database(ledger_url, f"sink_{name}_{uuid.uuid4().hex[:6]}")
     build_artifact(cfg, f"{name}-v1", pipeline_code=package)
