@@ -169,11 +169,14 @@ UI_TIMEOUT_S = 90  # generous: the api-server answers slowly when the 2 cores ar
 
 def wait_until(driver: WebDriver, what: str, condition: Any, timeout_s: float = UI_TIMEOUT_S) -> Any:
     """WebDriverWait on an explicit condition; the message names what was awaited and where."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     wait = WebDriverWait(driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
-    return wait.until(condition, message=f"waiting for {what} at {driver.current_url}")
+    try:
+        return wait.until(condition)
+    except TimeoutException as exc:  # the URL when the wait gave up, not when it began
+        raise TimeoutException(f"waiting for {what} for {timeout_s:.0f}s, at {driver.current_url}") from exc
 
 
 def airflow_login(driver: WebDriver, start_url: str, password: str, arrived: Callable[[Any], bool]) -> None:

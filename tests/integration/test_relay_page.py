@@ -27,6 +27,7 @@ from relay.config import RelayConfig, load_config
 from relay.ledger.engine import create_ledger
 from relay_dev.airflow_local import LocalAirflow, admin_password, airflow_home, base_url
 
+from tests.airflow_ui import open_relay_page
 from tests.browser import airflow_login, headless_chrome, screenshot, wait_until
 from tests.conftest import free_port
 from tests.integration.conftest import private_data_dir, stack_env
@@ -156,20 +157,7 @@ def test_page_serves_the_ledger_with_a_real_token(relay_airflow: RelayAirflow) -
 
 def _open_relay_from_the_nav(driver: WebDriver) -> None:
     """Click the nav entry a user sees ("Relay"), then step into the frame the UI shows it in."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-
-    entry = wait_until(
-        driver,
-        "the Relay entry in the navigation",
-        ec.element_to_be_clickable((By.XPATH, "//a[@aria-label='Relay'][normalize-space()='Relay']")),
-    )
-    entry.click()
-    wait_until(driver, "the plugin route", lambda d: d.current_url.rstrip("/").endswith("/plugin/relay"))
-    frame = wait_until(
-        driver, "the Relay frame", lambda d: d.find_elements(By.XPATH, "//iframe[contains(@src, '/relay/')]")
-    )
-    driver.switch_to.frame(frame[0])
+    driver.switch_to.frame(open_relay_page(driver))
     wait_until(
         driver,
         "the Relay page's data",
