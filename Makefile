@@ -12,7 +12,7 @@ run: setup
 	$(RELAY) stack up
 	$(RELAY) run-demo
 
-# The suite (~57 min on 2 cores with the multi-host acceptance, over the 30-min aim): unit, DAG and integration tests on real parts, a short chaos run.
+# The suite (~50 min on 2 cores, over the 30-min aim): unit, DAG and integration tests on real parts, a short chaos run.
 test: setup
 	$(PY) -m pytest -q -m "not slow" --durations=20 tests
 
@@ -23,7 +23,7 @@ test-long: setup
 # The multi-host cluster made of network namespaces (root; issue #14): a master, two workers, a broker, a
 # PostgreSQL ledger and a client host, each with its own address and folders (the others' hidden); ~1.5 min.
 # Then issue #14's acceptance: Relay deploys, upgrades, loses the driver's worker host and recovers on it
-# (~9 min in all). Both are part of `make test` too (skipped where namespaces can't be made).
+# (~9 min in all). `make test` runs the smoke test only (skipped where namespaces can't be made).
 test-hosts: setup
 	$(PY) -m pytest -q -s -m multihost tests/integration/test_hosts_cluster.py tests/integration/test_hosts_deploy.py
 

@@ -74,7 +74,6 @@ def listeners(cluster: NamespaceCluster, host: str) -> list[str]:
     ]
 
 
-@pytest.mark.slow
 def test_namespace_cluster_runs_spark_kafka_postgres_across_hosts() -> None:
     phase = Phases()
     stale = cleanup_stale()

@@ -36,6 +36,7 @@ from tests.conftest import Phases
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.multihost,
+    pytest.mark.slow,  # ~9 min: `make test-hosts`; `make test` runs the cluster's smoke test instead
     pytest.mark.skipif(not netns.available(), reason="needs root, iproute2 and namespace rights"),
 ]
 
