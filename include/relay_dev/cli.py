@@ -88,6 +88,7 @@ def cmd_chaos(cfg: RelayConfig, a: argparse.Namespace) -> Any:
         postgres=a.postgres,
         lock_seconds=a.lock_seconds,
         per_kind=a.per_kind,
+        pipeline_code=a.pipeline_code,
     )
     result = run_chaos(options, progress=_say, host=cfg.host)
     as_json = getattr(a, "json", False)
@@ -144,6 +145,13 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
         default=None,
         help="how long each ledger lock is held (default 65 for a 10-minute run, past SQLite's 60 s busy "
         "timeout; 15 for shorter runs)",
+    )
+    ch.add_argument(
+        "--pipeline-code",
+        type=Path,
+        default=None,
+        help="a pipeline package run instead of the reference job (e.g. examples/counter: its sink records "
+        "each applied record in the ledger, where the deep audit counts them)",
     )
     ch.add_argument(
         "--per-kind",

@@ -131,3 +131,20 @@ def test_healer_counts_only_time_when_the_stack_is_whole(monkeypatch: pytest.Mon
             break
     assert reason and "no driver" in reason
     assert step >= 28  # ~30 s of a whole stack, not 30 s of wall clock
+
+
+def test_a_pipeline_package_runs_under_its_own_name_and_topic(tmp_path: Any) -> None:
+    from relay.config import PROJECT_ROOT
+    from relay_dev.chaos.runner import chaos_config
+
+    o = ChaosOptions.build(seconds=120, pipeline_code=PROJECT_ROOT / "examples" / "json_upsert")
+    assert o.pipeline_code == (PROJECT_ROOT / "examples" / "json_upsert").resolve()
+    assert o.to_json()["pipeline_code"] == str(o.pipeline_code)
+    cfg = chaos_config(tmp_path, o)
+    assert (cfg.pipeline, cfg.topic, cfg.pipeline_code) == ("json_upsert", "json_upsert", o.pipeline_code)
+    assert chaos_config(tmp_path, ChaosOptions.build(seconds=120)).pipeline_code is None
+
+
+def test_a_folder_that_is_not_a_package_is_refused(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="pipeline package folder"):
+        ChaosOptions.build(seconds=120, pipeline_code=tmp_path)

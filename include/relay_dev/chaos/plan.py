@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from relay.errors import ConfigError
@@ -40,6 +41,9 @@ class ChaosOptions:
     postgres: bool = False
     lock_seconds: float = 65.0
     per_kind: int = FULL_RUN_PER_KIND
+    pipeline_code: Path | None = None
+    """A user's pipeline package (e.g. examples/counter) run instead of the reference job: its sink
+    must record applied records in the ledger's ``messages`` table, where the deep audit counts them."""
     warmup_s: float = 10.0  # steady commits before the first fault
     grace_s: float = 240.0  # past the window, a kind never injected yet may still wait for a target
     catch_up_timeout_s: float = 420.0
@@ -57,6 +61,7 @@ class ChaosOptions:
         postgres: bool = False,
         lock_seconds: float | None = None,
         per_kind: int | None = None,
+        pipeline_code: Path | None = None,
     ) -> ChaosOptions:
         """Options from CLI flags; the defaults depend on the length (short run vs full run).
 
@@ -79,6 +84,8 @@ class ChaosOptions:
         lock = lock_seconds if lock_seconds is not None else (SQLITE_BUSY_TIMEOUT_S + 5 if full else 15.0)
         if lock <= 0 or lock >= window:
             raise ConfigError(f"--lock-seconds must be within (0, {window:g}), got {lock:g}")
+        if pipeline_code is not None and not (Path(pipeline_code) / "__init__.py").is_file():
+            raise ConfigError(f"--pipeline-code must be a pipeline package folder, got {pipeline_code}")
         msg_rate = 200.0 if rate is None else rate
         if msg_rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {msg_rate:g}")
@@ -90,6 +97,7 @@ class ChaosOptions:
             postgres=postgres,
             lock_seconds=float(lock),
             per_kind=count,
+            pipeline_code=Path(pipeline_code).resolve() if pipeline_code is not None else None,
         )
 
     @property
@@ -98,7 +106,8 @@ class ChaosOptions:
         return "scheduler" in self.kinds
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "kinds": list(self.kinds)}
+        code = str(self.pipeline_code) if self.pipeline_code else None
+        return {**asdict(self), "kinds": list(self.kinds), "pipeline_code": code}
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
 from relay.errors import RelayError
+from relay.pipeline import load_package
 
 from relay_dev.bench import cursors, free_port, latest_offsets, write_result
 from relay_dev.chaos.faults import FaultEvent, Injector
@@ -54,6 +55,10 @@ def chaos_config(data_dir: Path, options: ChaosOptions, host: str = "127.0.0.1")
     }
     if options.postgres:
         env["RELAY_LEDGER_URL"] = LocalPostgres(data_dir, ports["POSTGRES"], host).url
+    if options.pipeline_code is not None:  # the user's package: its own pipeline name and topic
+        _, pipeline = load_package(options.pipeline_code)
+        env |= {"RELAY_PIPELINE_CODE": str(options.pipeline_code), "RELAY_PIPELINE": pipeline.name}
+        env["RELAY_TOPIC"] = pipeline.topics[0]
     return load_config(env)
 
 
