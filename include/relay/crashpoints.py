@@ -39,6 +39,7 @@ RECOVERY_POINTS = (
 DATA_POINTS = (
     "pg_sink.before_commit",  # a task's rows and range record sent in its transaction, no COMMIT yet
     "kafka_sink.before_commit",  # a task's rows and marker sent in its Kafka transaction, not committed
+    "ledger_sink.before_commit",  # a task's messages, dead letters and ranges sent, no COMMIT yet
     "pipeline.before_ledger_commit",  # every task of the batch wrote; the cursors not committed yet
 )
 

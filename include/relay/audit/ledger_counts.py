@@ -226,3 +226,9 @@ def sink_totals(conn: Connection, pipeline: str) -> tuple[int, int]:
     count = conn.execute(select(s.pipelines.c.message_count).where(s.pipelines.c.name == pipeline)).scalar()
     rows = conn.execute(select(func.count()).select_from(s.messages).where(s.messages.c.pipeline == pipeline))
     return int(count or 0), int(rows.scalar_one())
+
+
+def has_message_ranges(conn: Connection, pipeline: str) -> bool:
+    """True when ``LedgerMessagesSink`` wrote for ``pipeline``: its rows are in this ledger, count them."""
+    r = s.message_ranges
+    return conn.execute(select(r.c.id).where(r.c.pipeline == pipeline).limit(1)).first() is not None

@@ -189,6 +189,31 @@ messages = Table(
 )
 Index("ix_messages_tp", messages.c.pipeline, messages.c.topic, messages.c.partition, messages.c.offset)
 
+# v6: the offset ranges an executor-side ``messages`` sink (relay.sinks.ledger_messages) applied, one row
+# per task and partition, written in the task's own transaction. Disjoint per (pipeline, topic,
+# partition): a task records only offsets no range covered yet, so a replay writes nothing new.
+message_ranges = Table(
+    "message_ranges",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("topic", String(249), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("start_offset", BigInteger, nullable=False),
+    Column("end_offset", BigInteger, nullable=False),  # exclusive
+    Column("instance_id", BigInteger, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index(
+    "ix_message_ranges_tp",
+    message_ranges.c.pipeline,
+    message_ranges.c.topic,
+    message_ranges.c.partition,
+    message_ranges.c.start_offset,
+)
+
 reports = Table(
     "reports",
     metadata,
@@ -267,8 +292,13 @@ def _v5(conn: Connection) -> None:
     artifacts.create(conn, checkfirst=True)
 
 
+def _v6(conn: Connection) -> None:
+    """Ranges applied by the executor-side messages sink, so a replayed task writes nothing twice."""
+    message_ranges.create(conn, checkfirst=True)
+
+
 # Append new migrations; never edit an applied one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,148 @@
+"""examples/counter on real parts: noida-db, the Spark cluster, the ledger (SQLite; PostgreSQL in
+``make test-long``), with a Spark task and the driver killed at the worst moments.
+
+The counter is the reference job on the pipeline SDK: the executors write one ``messages`` row per
+record into the ledger (dead letters for poison keys) through LedgerMessagesSink; the driver only
+moves cursors. Two faults, each armed once (``relay.crashpoints``: the first process to get there
+exits hard):
+
+- a Spark task dies inside its sink transaction, rows and ranges sent, no COMMIT (Spark retries it);
+- the driver dies after its tasks committed a batch in the sink, before the ledger commit (the
+  master relaunches it and the batch is replayed: the recorded ranges make the replay a no-op).
+
+Then the reference job's deep audit (every Kafka record has exactly one ``messages`` row or dead
+letter, counted per offset) must be clean and ``message_count`` equal to the records produced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from relay.artifacts import build_artifact
+from relay.audit import audit, render
+from relay.config import PROJECT_ROOT, RelayConfig
+from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
+from relay.launcher import driver_output
+from relay.ledger import schema as s
+from relay.ledger.store import Ledger
+from relay.operations.deploy import deploy
+from relay.operations.inventory import master_apps
+from relay.operations.stop import stop
+from relay.producer import produce
+from relay.sinks.ledger_messages import CRASH_BEFORE_COMMIT
+from sqlalchemy import func, select
+
+from tests.conftest import wait_for
+from tests.integration.helpers import caught_up, wait_relaunched
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = PROJECT_ROOT / "examples" / "counter"
+DRIVER_CRASH = "pipeline.before_ledger_commit"  # spark_jobs/pipeline_driver.CRASH_BEFORE_LEDGER_COMMIT
+
+
+def counter_package(folder: Path, cfg: RelayConfig) -> Path:
+    """The example copied as the user's package, renamed to this test's pipeline and topic."""
+    package = folder / f"counter_{cfg.pipeline}"
+    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = package / "pipeline.py"
+    text = code.read_text()
+    for old, new in (
+        ('NAME = "experience"', f'NAME = "{cfg.pipeline}"'),
+        ('TOPIC = "experience"', f'TOPIC = "{cfg.topic}"'),
+    ):
+        assert old in text, f"the example no longer has {old!r}"
+        text = text.replace(old, new)
+    code.write_text(text)
+    return package
+
+
+@pytest.fixture()
+def counter(
+    pipeline_config: RelayConfig, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[RelayConfig, Path]]:
+    cfg = pipeline_config
+    folder = cfg.data_dir / f"{cfg.pipeline}-project"
+    (folder / "faults").mkdir(parents=True)
+    monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(folder / "faults"))  # forwarded to drivers and executors
+    try:
+        yield cfg, counter_package(folder, cfg)
+    except BaseException:
+        for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
+            print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
+        raise
+    finally:
+        if master_apps(cfg, cfg.pipeline):  # a failed assertion must not leave a driver running
+            stop(cfg, timeout_s=60)
+
+
+def written_past_commit(ledger: Ledger, cfg: RelayConfig, epoch: int) -> list[int]:
+    """Partitions where the attempt of ``epoch`` recorded sink ranges past its last ledger commit."""
+    r, b = s.message_ranges, s.batches
+    with ledger.tx() as conn:
+        sunk = dict(
+            conn.execute(
+                select(r.c.partition, func.max(r.c.end_offset))
+                .where(r.c.pipeline == cfg.pipeline, r.c.epoch == epoch)
+                .group_by(r.c.partition)
+            ).all()
+        )
+        committed: dict[int, int] = {}
+        for (ranges,) in conn.execute(
+            select(b.c.ranges).where(b.c.pipeline == cfg.pipeline, b.c.epoch == epoch)
+        ):
+            for x in ranges:
+                committed[x["partition"]] = max(committed.get(x["partition"], 0), x["to"])
+    return sorted(p for p, end in sunk.items() if end > committed.get(p, 0))
+
+
+def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
+    counter: tuple[RelayConfig, Path],
+) -> None:
+    cfg, package = counter
+    faults = Path(os.environ[CRASH_ONCE_DIR_ENV])
+    ledger = Ledger(cfg.ledger_url)
+    art = build_artifact(cfg, "c1", pipeline_code=package)
+    assert art.job_file.name == "pipeline_driver.py"
+    assert art.pipeline["sink_declares"]["type"] == "LedgerMessagesSink"
+
+    # A Spark task dies inside its sink transaction: Spark retries it, the driver never notices.
+    arm_once(str(faults), CRASH_BEFORE_COMMIT)
+    sent = produce(cfg.kafka_bootstrap, cfg.topic, 600, None, poison=3, partitions=cfg.partitions)
+    assert sent["sent"] == 600 and sent["poison"] == 3
+    inst_id = deploy(cfg, version="c1", wait_s=300)["instance_id"]
+    wait_for("the backlog to be applied", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    assert not (faults / CRASH_BEFORE_COMMIT).exists(), "no task reached the armed crash point"
+    assert len(ledger.attempts(inst_id)) == 1, "a task's crash is Spark's business, not a relaunch"
+
+    # The driver dies after its tasks committed a batch in the sink, before the ledger commit.
+    arm_once(str(faults), DRIVER_CRASH)
+    first = ledger.attempts(inst_id)[0]
+    sent2 = produce(cfg.kafka_bootstrap, cfg.topic, 400, None, partitions=cfg.partitions)
+    wait_for("the armed driver crash", lambda: not (faults / DRIVER_CRASH).exists(), timeout=120)
+    wait_relaunched(ledger, inst_id, first.id, timeout=240)
+    wait_for("the relaunched driver to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    assert written_past_commit(ledger, cfg, first.epoch), "the driver died before its tasks wrote"
+
+    produced = sent["sent"] + sent2["sent"]
+    report = audit(cfg, ledger, deep=True)
+    assert report.ok and report.mode == "deep", render(report.to_json())
+    t = report.totals
+    assert t["applied_once"] == produced + 3 and t["duplicates"] == 0 and t["dead_letters"] == 3, t
+    assert t["unread"] == 0 and t["declared_lost"] == 0, t
+    assert report.message_count == report.applied_rows == produced  # the seeds' count check
+    assert audit(cfg, ledger).ok  # the committed batch ranges agree
+    with ledger.tx() as conn:
+        m = s.messages
+        per_offset = (
+            select(m.c.partition, m.c.offset)
+            .where(m.c.pipeline == cfg.pipeline)
+            .group_by(m.c.partition, m.c.offset)
+            .having(func.count() > 1)
+        )
+        assert conn.execute(per_offset).all() == []
+    assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]
