@@ -50,7 +50,8 @@ bench: setup
 	$(RELAY) bench
 
 # The full chaos run: 10 minutes of faults (22 of every kind, Airflow's scheduler and 65 s ledger locks
-# included) on a private stack under var/chaos/; CHAOS_ARGS adds options (e.g. --postgres, --seed 3).
+# included) on a private stack under var/chaos/; CHAOS_ARGS adds options (e.g. --postgres, --seed 3,
+# --pipeline-code examples/counter: the executor-side sink instead of the reference job).
 chaos: setup
 	$(RELAY) chaos --minutes 10 $(CHAOS_ARGS)
 
