@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # so test modules can `from tests.conftest import free_port, wait_for`
@@ -28,6 +30,20 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+class Background(threading.Thread):
+    """Runs ``fn`` and keeps its result or exception for the test."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.result, self.error = fn, None, None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            self.error = exc
 
 
 class Phases:

@@ -6,15 +6,19 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.driver_properties import driver_environment, driver_properties
 from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_args, spark_client, submission_environment
+from relay.launcher import driver_args, driver_output, spark_client, submission_environment
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
+from relay.operations.inventory import master_apps
+from relay.operations.stop import stop
 from relay.producer import produce
 from relay_dev.airflow_local import airflow_env
 
@@ -50,6 +54,25 @@ def submit_copy(cfg: RelayConfig, ledger: Ledger, instance_id: int, token: str |
     )
     env = submission_environment(cfg, code, token)
     return spark_client(cfg).submit_python(str(art.job_file), driver_args(cfg, inst, True), props, env)
+
+
+def print_drivers(cfg: RelayConfig) -> None:
+    """Every driver's output of the pipeline, for a failed test's log."""
+    for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
+        print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
+
+
+@contextmanager
+def pipeline_run(cfg: RelayConfig) -> Iterator[None]:
+    """A test's pipeline: its drivers' output printed when the test fails, no driver left running."""
+    try:
+        yield
+    except BaseException:
+        print_drivers(cfg)
+        raise
+    finally:
+        if master_apps(cfg, cfg.pipeline):
+            stop(cfg, timeout_s=60)
 
 
 def caught_up(cfg: RelayConfig, ledger: Ledger) -> bool:

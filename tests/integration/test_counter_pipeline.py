@@ -26,18 +26,16 @@ from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
-from relay.launcher import driver_output
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
-from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.producer import produce
 from relay.sinks.ledger_messages import CRASH_BEFORE_COMMIT
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, wait_relaunched
+from tests.integration.helpers import caught_up, pipeline_run, wait_relaunched
 
 pytestmark = pytest.mark.integration
 
@@ -69,15 +67,8 @@ def counter(
     folder = cfg.data_dir / f"{cfg.pipeline}-project"
     (folder / "faults").mkdir(parents=True)
     monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(folder / "faults"))  # forwarded to drivers and executors
-    try:
+    with pipeline_run(cfg):
         yield cfg, counter_package(folder, cfg)
-    except BaseException:
-        for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
-            print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
-        raise
-    finally:
-        if master_apps(cfg, cfg.pipeline):  # a failed assertion must not leave a driver running
-            stop(cfg, timeout_s=60)
 
 
 def written_past_commit(ledger: Ledger, cfg: RelayConfig, epoch: int) -> list[int]:

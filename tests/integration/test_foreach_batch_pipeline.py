@@ -25,7 +25,6 @@ from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_output
 from relay.ledger.models import AttemptState, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
@@ -33,7 +32,7 @@ from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
+from tests.integration.helpers import caught_up, print_drivers, python_driver_pid, wait_relaunched
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -160,8 +159,7 @@ def test_foreach_batch_writes_each_record_once_and_check_fence_refuses_a_fenced_
     try:
         _scenario(cfg, root, tmp_path, monkeypatch)
     except AssertionError:
-        for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
-            print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
+        print_drivers(cfg)
         raise
     finally:
         stop(cfg, timeout_s=60)  # nothing live after a pass; after a failure, no driver lingers

@@ -25,7 +25,6 @@ from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_output
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
@@ -34,7 +33,7 @@ from relay.sinks import kafka_clients as kc
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
+from tests.integration.helpers import caught_up, print_drivers, python_driver_pid, wait_relaunched
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -113,8 +112,7 @@ def test_kafka_pipeline_writes_each_kept_event_once_through_task_and_driver_cras
     try:
         _scenario(cfg, tmp_path)
     except AssertionError:
-        for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
-            print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
+        print_drivers(cfg)
         raise
     finally:
         kc.close_all()

@@ -12,11 +12,10 @@ from __future__ import annotations
 import pytest
 from relay.sinks.base import FencedWriteError, TaskResult, take_over
 
-from tests.conftest import wait_for
+from tests.conftest import Background, wait_for
 from tests.integration import test_pg_upsert_sink as base
 from tests.integration.test_pg_upsert_sink import (
     TOPIC,
-    Background,
     connect,
     contents,
     ctx,

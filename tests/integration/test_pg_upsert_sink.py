@@ -6,10 +6,9 @@ another connection) and observed in pg_stat_activity, never by sleeping.
 
 from __future__ import annotations
 
-import threading
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg2
@@ -20,7 +19,7 @@ from relay.sinks import pg_conn
 from relay.sinks.base import FencedWriteError, SinkError, SinkUnavailableError, TaskContext, TaskResult
 from relay.sinks.postgres_upsert import PostgresUpsertSink
 
-from tests.conftest import wait_for
+from tests.conftest import Background, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -80,20 +79,6 @@ def lock_waiters(url: str, like: str) -> list[tuple[int, list[int]]]:
             (f"%{like}%",),
         )
         return [(pid, list(blockers)) for pid, blockers in cur.fetchall()]
-
-
-class Background(threading.Thread):
-    """Runs ``fn`` and keeps its result or exception for the test."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn, self.result, self.error = fn, None, None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            self.error = exc
 
 
 def test_fence_epoch_waits_for_a_task_in_its_write_and_then_no_old_task_commits(

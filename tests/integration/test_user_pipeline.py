@@ -18,7 +18,6 @@ from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_output
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
@@ -27,7 +26,7 @@ from relay.operations.stop import stop
 from relay.status import status_view
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
+from tests.integration.helpers import caught_up, print_drivers, python_driver_pid, wait_relaunched
 from tests.integration.json_users import EXAMPLE, IDS, expected, produce_versions, table
 
 pytestmark = pytest.mark.integration
@@ -56,8 +55,7 @@ def test_user_pipeline_upserts_newest_per_id_through_a_driver_kill(
     try:
         _scenario(cfg, sink_url, monkeypatch)
     except AssertionError:
-        for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
-            print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
+        print_drivers(cfg)
         raise
 
 

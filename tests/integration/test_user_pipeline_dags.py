@@ -30,14 +30,12 @@ from relay.config import RelayConfig, load_config
 from relay.config_env import config_env
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_output
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
-from relay.operations.stop import stop
 from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
-from tests.integration.helpers import Load, caught_up, dag_test
+from tests.integration.helpers import Load, caught_up, dag_test, pipeline_run
 from tests.integration.json_users import (
     EXAMPLE,
     IDS,
@@ -98,15 +96,8 @@ def users(stack: RelayConfig, postgres_url: str, sink_url: str, monkeypatch: pyt
     ensure_airflow_db(cfg)
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
-    try:
+    with pipeline_run(cfg):
         yield cfg, package, sink_url
-    except BaseException:
-        for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
-            print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
-        raise
-    finally:
-        if master_apps(cfg, cfg.pipeline):  # a failed assertion must not leave a driver running
-            stop(cfg, timeout_s=60)
 
 
 class Updates(Load):

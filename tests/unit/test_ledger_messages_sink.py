@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from relay.sinks.base import FencedWriteError, TaskContext, TaskResult
 from relay.sinks.ledger_messages import LedgerMessagesSink, runs
 from sqlalchemy import func, select, text
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import Background, free_port, wait_for
 
 T = "experience"
 
@@ -239,18 +238,6 @@ def test_a_url_that_is_no_ledger_is_refused(tmp_path: Path, monkeypatch: pytest.
 
 
 # ---- PostgreSQL: the fence waits for tasks in flight, overlapping tasks are serialised ---------------
-
-
-class Background(threading.Thread):
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn, self.result, self.error = fn, None, None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
 
 
 def waiting(ledger: Ledger, like: str) -> int:
