@@ -277,7 +277,9 @@ class DriverRuntime:
 
     def _supervise(self, query: Any) -> int:
         ledger, inst, attempt = self.ledger, self.instance, self.attempt
+        logged: tuple[int, str] | None = None  # the last batch whose progress was logged
         while query.awaitTermination(1.0) is not True and query.isActive:
+            logged = log_progress(query, logged)
             current = ledger.instance(inst.id)
             if current.current_epoch != attempt.epoch or not current.state.live:
                 query.stop()
@@ -316,6 +318,28 @@ class DriverRuntime:
             self.ledger.set_instance(inst.id, state=InstanceState.STOPPED)
         log.info("stopped gracefully")
         return self._end(AttemptState.STOPPED, None, EXIT_OK)
+
+
+def log_progress(query: Any, logged: tuple[int, str] | None) -> tuple[int, str] | None:
+    """Log Spark's per-step times (``durationMs``) of the last batch that ran, once; its key.
+
+    Where a batch's time goes around the tasks: latestOffset (the source's planning and the
+    ledger's guard), walCommit (``offsets/N``), queryPlanning, addBatch (``foreachBatch``: the
+    driver's steps are logged with the batch, then the tasks) and commitOffsets (``commits/N``).
+    A trigger that found no data (no addBatch) is not logged. Diagnostics only: never fails.
+    """
+    try:
+        progress = query.lastProgress
+    except Exception:  # noqa: BLE001 - e.g. the query ending meanwhile: the loop below tells
+        return logged
+    if progress is None or "addBatch" not in progress.durationMs:
+        return logged
+    key = (progress.batchId, progress.timestamp)
+    if key == logged:
+        return logged
+    steps = ", ".join(f"{k} {v}" for k, v in sorted(progress.durationMs.items()))
+    log.info("batch %s: %s rows; Spark's steps (ms): %s", progress.batchId, progress.numInputRows, steps)
+    return key
 
 
 def run_main(

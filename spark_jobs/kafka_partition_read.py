@@ -3,6 +3,8 @@
 Kept apart from :mod:`kafka_source` (the planner: offsets, limits, leases, data loss before a batch):
 this is the executor's hot path. Each Python worker keeps one pooled consumer across tasks and
 batches (:func:`worker_pool`) and asks each poll for no more records than the range still needs.
+Under failOnDataLoss (the default) a task makes no offset look-up before reading: a range starting
+below the log start fails its first fetch (the consumer never auto-resets) and raises DataLossError.
 """
 
 from __future__ import annotations
@@ -43,17 +45,16 @@ def read_partition(
     healthy = False
     try:
         consumer.assign([tp])
-        first = int(consumer.beginning_offsets([tp])[tp])
         start = begin
-        if start < first:
-            if s.fail_on_data_loss:
-                raise DataLossError(topic, number, start, first)
-            log.warning(
-                "%s; failOnDataLoss=false: reading from %d",
-                DataLossError(tp.topic, tp.partition, start, first),
-                first,
-            )
-            start = first
+        if not s.fail_on_data_loss:  # skip forward over deleted records (strict: see the poll below)
+            first = int(consumer.beginning_offsets([tp])[tp])
+            if start < first:
+                log.warning(
+                    "%s; failOnDataLoss=false: reading from %d",
+                    DataLossError(tp.topic, tp.partition, start, first),
+                    first,
+                )
+                start = first
         if start >= end:
             healthy = True
             return
@@ -71,8 +72,10 @@ def read_partition(
                     max_records=min(end - position, _POLL_MAX_RECORDS),
                 )
             except OffsetOutOfRangeError:
+                # Strict reads find deleted records here, not by a look-up per task: the consumer
+                # never auto-resets (auto_offset_reset='none'), so a fetch below the log start fails.
                 earliest_now = int(consumer.beginning_offsets([tp])[tp])
-                raise DataLossError(tp.topic, tp.partition, consumer.position(tp), earliest_now) from None
+                raise DataLossError(tp.topic, tp.partition, position, earliest_now) from None
             for record in fetched.get(tp, ()):
                 if record.offset >= end:
                     break

@@ -78,6 +78,7 @@ KAFKA_SCHEMA = StructType(
 )
 
 METADATA_REFRESH_S = 10.0  # how often the planner looks for new partitions (a full metadata refresh)
+REPORT_REUSE_S = 1.0  # reportLatestOffset reuses latestOffset's broker ends read this recently
 
 
 class KafkaInputPartition(InputPartition):
@@ -124,6 +125,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: Any = None  # created lazily in the planner: never in __init__, never pickled
         self._available_now_end: PartitionOffsets | None = None
         self._metadata_at = float("-inf")  # monotonic time of the last full metadata refresh
+        self._latest_seen: tuple[float, PartitionOffsets] | None = None  # for reportLatestOffset
 
     def __getstate__(self) -> dict[str, Any]:
         """The reader is pickled to executors for read(); a live consumer must not travel along."""
@@ -236,6 +238,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if _idle(self._read_guard()):  # Kafka is down: a standby or a stopping query needs no offsets
                 return start
             raise
+        self._latest_seen = (time.monotonic(), latest)
         if self._available_now_end is not None:
             latest = {tp: min(end, self._available_now_end.get(tp, end)) for tp, end in latest.items()}
         begin = from_offset_json(start)
@@ -293,8 +296,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ledger_url_from_env(self.settings.ledger_url_env)
 
     def reportLatestOffset(self) -> OffsetJson | None:
-        """Broker end offsets of every partition, for the query's progress (lag) only."""
-        _, latest = self._offsets(self._topic_partitions())
+        """Broker end offsets of every partition, for the query's progress (lag) only.
+
+        Spark calls it right after :meth:`latestOffset` in the same trigger: the end offsets that
+        call just read are reused once (two ListOffsets round trips and a metadata check less per
+        batch); any other call looks them up.
+        """
+        seen, self._latest_seen = self._latest_seen, None
+        if seen is not None and time.monotonic() - seen[0] < REPORT_REUSE_S:
+            latest = seen[1]
+        else:
+            _, latest = self._offsets(self._topic_partitions())
         return to_offset_json(latest) if latest else None
 
     def partitions(self, start: OffsetJson, end: OffsetJson) -> list[KafkaInputPartition]:
