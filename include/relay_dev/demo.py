@@ -9,7 +9,6 @@ drive the other DAGs.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 
@@ -18,7 +17,7 @@ from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import OperationError
 from relay.ledger.store import Ledger
 from relay.operations.inventory import take_inventory
-from relay.pipelines_file import DEFAULT_FILE_NAME, PIPELINES_FILE_ENV
+from relay.pipelines_file import DEFAULT_FILE_NAME
 from relay.producer import produce
 from relay.status import offsets_view
 
@@ -33,7 +32,7 @@ def declare_counter(config: RelayConfig, progress: Callable[[str], None] = print
     that every later ``relay`` command and Airflow task reads. An operator's own choice is kept: a
     pipelines file already there (or named by ``RELAY_PIPELINES_FILE``), or ``RELAY_PIPELINE_CODE``."""
     path = config.data_dir / DEFAULT_FILE_NAME
-    if config.pipeline_code is not None or os.environ.get(PIPELINES_FILE_ENV) or path.exists():
+    if config.pipeline_code is not None or config.pipelines_file is not None or path.exists():
         return config
     if config.pipeline != COUNTER_NAME:
         progress(f"pipeline {config.pipeline} is not the counter's ({COUNTER_NAME}): the reference job runs")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.errors import ConfigError
+from relay.pipeline import load_package
 
 #: Every fault kind, in the order the table prints them.
 KINDS: tuple[str, ...] = ("driver", "executor", "worker", "master", "broker", "scheduler", "ledger-lock")
@@ -84,8 +85,11 @@ class ChaosOptions:
         lock = lock_seconds if lock_seconds is not None else (SQLITE_BUSY_TIMEOUT_S + 5 if full else 15.0)
         if lock <= 0 or lock >= window:
             raise ConfigError(f"--lock-seconds must be within (0, {window:g}), got {lock:g}")
-        if pipeline_code is not None and not (Path(pipeline_code) / "__init__.py").is_file():
-            raise ConfigError(f"--pipeline-code must be a pipeline package folder, got {pipeline_code}")
+        if pipeline_code is not None:
+            try:
+                load_package(Path(pipeline_code))  # the check relay build makes, now, before any stack
+            except ConfigError as exc:
+                raise ConfigError(f"--pipeline-code must be a pipeline package folder: {exc}") from None
         msg_rate = 200.0 if rate is None else rate
         if msg_rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {msg_rate:g}")
