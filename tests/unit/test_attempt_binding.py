@@ -23,13 +23,6 @@ import reference_job  # noqa: E402
 T = "experience"
 
 
-@pytest.fixture()
-def ledger(tmp_path):
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
-    yield led
-    led.close()
-
-
 def new_instance(ledger: Ledger, version: str = "v1"):
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, "p", version, Color.BLUE, "/nonexistent", "relay-p")

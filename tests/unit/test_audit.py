@@ -24,13 +24,6 @@ P, T = "p", "t"
 
 
 @pytest.fixture()
-def ledger(tmp_path) -> Iterable[Ledger]:
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
-    yield led
-    led.close()
-
-
-@pytest.fixture()
 def b(ledger: Ledger) -> LedgerBuilder:
     return LedgerBuilder(ledger, P, T)
 

@@ -65,13 +65,6 @@ def test_report_latest_offset_looks_up_when_the_plan_is_old(reader, monkeypatch)
 
 
 # ------------------------------------------------------------------ the ledger's per-batch queries
-@pytest.fixture()
-def ledger(tmp_path):
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
-    yield led
-    led.close()
-
-
 def _started(ledger: Ledger, starts: dict[int, int]):
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, "p", "v1", Color.BLUE, "/nonexistent", "relay-p")

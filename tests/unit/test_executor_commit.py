@@ -16,13 +16,6 @@ from relay.sinks.base import FencedWriteError, TaskContext, TaskResult
 T = "users"
 
 
-@pytest.fixture()
-def ledger(tmp_path):
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
-    yield led
-    led.close()
-
-
 def started(ledger: Ledger, starts: dict[int, int]):
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, "p", "v1", Color.BLUE, "/nonexistent", "relay-p")

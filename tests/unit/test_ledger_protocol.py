@@ -15,13 +15,6 @@ from sqlalchemy import func, select
 T = "experience"
 
 
-@pytest.fixture()
-def ledger(tmp_path):
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
-    yield led
-    led.close()
-
-
 def new_instance(ledger: Ledger, starts: dict[int, int] | None = None, version: str = "v1", color=Color.BLUE):
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, "p", version, color, "/nonexistent", "relay-p")

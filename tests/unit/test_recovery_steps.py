@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from relay.config import load_config
 from relay.ledger.models import Color
 from relay.ledger.store import Ledger
@@ -10,13 +9,6 @@ from relay.operations.recover import RecoveryState, _open_new_instance
 from relay.operations.upgrade import ALL_TERMINAL
 
 T = "experience"
-
-
-@pytest.fixture()
-def ledger(tmp_path):
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
-    yield led
-    led.close()
 
 
 def running_blue_at(ledger: Ledger, cursor: int) -> None:

@@ -6,7 +6,6 @@ Batches go through the real commit protocol on a SQLite ledger; the schema migra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,13 +32,6 @@ NOT_COUNTERS = [
     b"\xff\xfe",  # not UTF-8 at all
     b"",
 ]
-
-
-@pytest.fixture()
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
-    yield led
-    led.close()
 
 
 def attempt(ledger: Ledger):
