@@ -41,6 +41,7 @@ from relay.errors import DataLossError, LedgerUnavailableError, RelayError, Zomb
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, InstanceState, Offsets
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
+from warm_up_batch import rehearse
 
 log = logging.getLogger("relay.job")
 
@@ -95,10 +96,20 @@ class DriverRuntime:
         """Apply and commit one micro-batch (raise ZombieAttemptError when this attempt is superseded)."""
         raise NotImplementedError
 
+    def warm_batch(self, df: Any) -> None:
+        """The warm-up batch (``warm_up_batch``): this driver's work on a batch of records it may
+        not apply, so it writes nothing. Drivers run their real path here."""
+        df.count()
+
     def warm_up(self, spark: Any) -> None:
-        """A warm standby's executors get their Python workers and the source's Kafka consumer
-        before it reports READY (:func:`driver_checks.warm_up_executors`)."""
-        warm_up_executors(spark, self.source_options())
+        """Before a warm standby reports READY: its executors' Python workers and the source's Kafka
+        consumer (:func:`driver_checks.warm_up_executors`), then one rehearsal batch over the
+        topic's tail (:func:`warm_up_batch.rehearse`), so green's first batch after the handoff
+        pays no first-run costs."""
+        options = self.source_options()
+        warm_up_executors(spark, options)
+        scratch = Path(self.args.spark_dir or "var/spark") if self.args.local else Path.cwd()
+        rehearse(spark, options, self.args.topic, self.warm_batch, scratch, self.fatal_errors)
 
     def read_limits(self) -> tuple[int, float]:
         """(maxOffsetsPerTrigger, trigger seconds) of the query."""

@@ -149,6 +149,29 @@ class PipelineDriver(DriverRuntime):
             *limits["trigger_seconds"],
         )
 
+    def warm_batch(self, df: Any) -> None:
+        """The warm-up batch: the transform and the sink's tasks with no range to apply, so every
+        task reads, transforms and hands its rows to the sink, which skips them all (a sink's
+        ``write_task`` applies only rows inside ``TaskContext.ranges``). A ForEachBatch function
+        is never called for it: only the transform runs."""
+        out = self.pipeline.transform(df)
+        if isinstance(self.sink, ForEachBatch):
+            out.count()
+            return
+        ctx = TaskContext(self.pipeline.name, self.instance.id, self.attempt.epoch, -1, {})
+        counts, _ = sum_results(out.mapInArrow(partition_writer(self.sink, ctx), RESULT_SCHEMA).collect())
+        log.info(
+            "warm-up batch: the sink got %s row(s), wrote %s, skipped %s (outside every range)",
+            counts.rows_in,
+            counts.rows_written,
+            counts.rows_skipped,
+        )
+        if counts.rows_written:  # a sink that broke its contract: say so loudly, before any handoff
+            raise PipelineError(
+                f"pipeline {self.pipeline.name}: its sink wrote {counts.rows_written} row(s) outside "
+                "the batch's ranges during the warm-up batch (write_task must skip them)"
+            )
+
     def process_batch(
         self, df: Any, batch_id: int, start: Offsets | None, end: Offsets, started: float
     ) -> None:

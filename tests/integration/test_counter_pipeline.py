@@ -10,6 +10,10 @@ exits hard):
 - the driver dies after its tasks committed a batch in the sink, before the ledger commit (the
   master relaunches it and the batch is replayed: the recorded ranges make the replay a no-op).
 
+Then a blue-green upgrade under load: green's warm-up batch hands the topic's tail (records blue
+applied) to the real sink, which must skip every one of them (the table keeps no unique key, so a
+write would show as a second row for an offset).
+
 Then the reference job's deep audit (every Kafka record has exactly one ``messages`` row or dead
 letter, counted per offset) must be clean and ``message_count`` equal to the records produced.
 """
@@ -17,6 +21,7 @@ letter, counted per offset) must be clean and ``message_count`` equal to the rec
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,12 +35,13 @@ from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
+from relay.operations.upgrade import UpgradeState, upgrade
 from relay.producer import produce
 from relay.sinks.ledger_messages import CRASH_BEFORE_COMMIT
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import caught_up, pipeline_run, wait_relaunched
+from tests.integration.helpers import Load, caught_up, driver_stdout, pipeline_run, wait_relaunched
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +103,8 @@ def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
     cfg, package = counter
     faults = Path(os.environ[CRASH_ONCE_DIR_ENV])
     ledger = Ledger(cfg.ledger_url)
-    art = build_artifact(cfg, "c1", pipeline_code=package)
+    v1, v2 = f"{cfg.pipeline}-c1", f"{cfg.pipeline}-c2"  # artifacts are per stack: one name per variant
+    art = build_artifact(cfg, v1, pipeline_code=package)
     assert art.job_file.name == "pipeline_driver.py"
     assert art.pipeline["sink_declares"]["type"] == "LedgerMessagesSink"
 
@@ -105,7 +112,7 @@ def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
     arm_once(str(faults), CRASH_BEFORE_COMMIT)
     sent = produce(cfg.kafka_bootstrap, cfg.topic, 600, None, poison=3, partitions=cfg.partitions)
     assert sent["sent"] == 600 and sent["poison"] == 3
-    inst_id = deploy(cfg, version="c1", wait_s=300)["instance_id"]
+    inst_id = deploy(cfg, version=v1, wait_s=300)["instance_id"]
     wait_for("the backlog to be applied", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     assert not (faults / CRASH_BEFORE_COMMIT).exists(), "no task reached the armed crash point"
     assert len(ledger.attempts(inst_id)) == 1, "a task's crash is Spark's business, not a relaunch"
@@ -119,7 +126,21 @@ def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
     wait_for("the relaunched driver to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     assert written_past_commit(ledger, cfg, first.epoch), "the driver died before its tasks wrote"
 
-    produced = sent["sent"] + sent2["sent"]
+    # Blue-green under load: green rehearses a batch over the tail blue applied, writing none of it.
+    build_artifact(cfg, v2, pipeline_code=package)
+    with Load(cfg) as load:
+        result = upgrade(cfg, v2, grace_s=240, drain_timeout_s=240)
+    assert result["state"] == UpgradeState.DONE.value, result
+    wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    green = ledger.instance(result["green_id"])
+    rehearsal = re.search(
+        r"warm-up batch: the sink got (\d+) row\(s\), wrote (\d+), skipped (\d+)", driver_stdout(cfg, green)
+    )
+    assert rehearsal, "green ran no warm-up batch"
+    got, wrote, skipped = map(int, rehearsal.groups())
+    assert got > 0 and wrote == 0 and skipped == got, rehearsal.group(0)
+
+    produced = sent["sent"] + sent2["sent"] + load.sent
     report = audit(cfg, ledger, deep=True)
     assert report.ok and report.mode == "deep", render(report.to_json())
     t = report.totals

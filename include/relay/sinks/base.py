@@ -8,6 +8,10 @@ the sink itself, (b) keeps only rows inside ``ranges``, (c) writes idempotently.
 driver advance the cursors in the ledger. A crash in between replays the batch: step (c) makes the
 replay write nothing new, step (a) keeps a fenced attempt from committing anything.
 
+Step (b) is also what a warm standby's warm-up batch relies on: before an upgrade's handoff, green
+runs its tasks once over records blue applies, with ``ranges`` empty and ``batch_id`` -1; a sink
+must skip them all without writing (Relay's driver refuses to go on if a task reports a write).
+
 Nothing here imports pyspark: tasks hand plain dicts to ``write_task``.
 """
 
