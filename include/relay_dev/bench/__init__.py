@@ -5,11 +5,13 @@ against a baseline measured minutes apart on the same machine (a plain kafka-pyt
 ``rate`` source, a bare INSERT, a cold deploy, the idle stack) says what Relay itself costs.
 
 Sections (each can be run alone with ``--only``): throughput, overhead, ledger, upgrade, recovery,
-memory, pipeline (a user pipeline, examples/json_upsert, against a consumer doing the same upserts).
-The stack (noida-db, Spark master + worker, and PostgreSQL for the ledger and pipeline sections) runs on
-free loopback ports under ``var/bench/<timestamp>/`` and is always stopped by PID at the end, also on
-failure. Results go to ``var/bench/results-<timestamp>.json``. This package imports neither pyspark nor
-Airflow: the Spark baseline runs as a subprocess (``bench/rate_overhead.py``).
+memory, pipeline (a user pipeline, examples/json_upsert, against a consumer doing the same upserts),
+smallbatch (json_upsert's small-batch trigger-to-commit against Spark's rate source, same sink and
+deploy mode). The stack (noida-db, Spark master + worker, and PostgreSQL for the ledger, pipeline and
+smallbatch sections) runs on free loopback ports under ``var/bench/<timestamp>/`` and is always
+stopped by PID at the end, also on failure. Results go to ``var/bench/results-<timestamp>.json``.
+This package imports neither pyspark nor Airflow: the Spark baselines run as a subprocess
+(``bench/rate_overhead.py``) or as a cluster-mode driver (``rate_pipeline_driver.py``).
 
 Modules:
 
@@ -20,8 +22,9 @@ Modules:
 - ``cluster``: the private stack's configuration on free ports, cursors and latest offsets;
 - ``context``: what sections share, the v1 deploy, stopping child processes;
 - ``sampler``: memory of the stack's processes, sampled from /proc;
-- ``throughput``, ``overhead``, ``ledger``, ``upgrade``, ``recovery``, ``memory``, ``pipeline``: one
-  section each;
+- ``throughput``, ``overhead``, ``ledger``, ``upgrade``, ``recovery``, ``memory``, ``pipeline``,
+  ``smallbatch``: one section each (``rate_pipeline_driver.py``: smallbatch's Spark-side driver,
+  submitted to the bench's cluster as a file);
 - ``runner``: ``run_bench``, the run on a private stack, always stopped at the end.
 
 The names below are re-exported so ``from relay_dev.bench import X`` keeps working.
@@ -47,6 +50,7 @@ from .recovery import section_recovery
 from .results import RESULT_SCHEMA, figure, load_average, machine_facts, new_result, write_result
 from .runner import BENCH_DIR, NEEDS_STACK, SECTION_FUNCS, run_bench
 from .sampler import MemorySampler, classify_process, memory_peaks
+from .smallbatch import parse_progress, section_smallbatch, side_summary
 from .stats import fmt_number, fmt_ratio, percentile, ratio, summarize
 from .table import render_table
 from .throughput import plain_consumer, section_throughput, throughput_from_batches
@@ -83,6 +87,7 @@ __all__ = [
     "machine_facts",
     "memory_peaks",
     "new_result",
+    "parse_progress",
     "parse_sections",
     "percentile",
     "plain_consumer",
@@ -94,8 +99,10 @@ __all__ = [
     "section_memory",
     "section_overhead",
     "section_recovery",
+    "section_smallbatch",
     "section_throughput",
     "section_upgrade",
+    "side_summary",
     "summarize",
     "throughput_from_batches",
     "wait_caught_up",

@@ -21,6 +21,7 @@ from .pipeline import section_pipeline
 from .recovery import section_recovery
 from .results import load_average, machine_facts, new_result, write_result
 from .sampler import MemorySampler
+from .smallbatch import section_smallbatch
 from .submit import section_submit
 from .throughput import section_throughput
 from .upgrade import section_upgrade
@@ -38,8 +39,9 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "memory": section_memory,
     "submit": section_submit,
     "pipeline": section_pipeline,
+    "smallbatch": section_smallbatch,
 }
-NEEDS_STACK = {"throughput", "overhead", "upgrade", "recovery", "memory", "submit", "pipeline"}
+NEEDS_STACK = {"throughput", "overhead", "upgrade", "recovery", "memory", "submit", "pipeline", "smallbatch"}
 
 
 def results_copy_path(results_dir: Path, options: BenchOptions, stamp: str) -> Path:
