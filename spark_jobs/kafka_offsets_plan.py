@@ -184,3 +184,29 @@ def plan_batch_end(
     if max_rows is not None:
         until = rate_limit(effective_start, until, max_rows)
     return until
+
+
+#: One read of a task: (topic, partition, first offset, end offset), end exclusive.
+ReadRange = tuple[str, int, int, int]
+
+
+def group_ranges(ranges: list[ReadRange], max_tasks: int | None) -> list[tuple[ReadRange, ...]]:
+    """The batch's ranges split into at most ``max_tasks`` tasks of similar size (records).
+
+    Why: every Spark task pays a fixed cost (launch, two Python workers' hand-offs, one sink
+    transaction) that dwarfs a few thousand records; with fewer task slots than partitions the
+    tasks run one after another, so a batch pays it once per partition for no parallelism. Largest
+    range first into the lightest task (deterministic); each task's ranges in (topic, partition)
+    order. ``None`` or enough slots: one task per range, as Spark's Kafka source plans.
+    """
+    if max_tasks is None or len(ranges) <= max_tasks:
+        return [(r,) for r in ranges]
+    if max_tasks < 1:
+        raise ValueError(f"max_tasks must be >= 1, got {max_tasks}")
+    tasks: list[list[ReadRange]] = [[] for _ in range(max_tasks)]
+    sizes = [0] * max_tasks
+    for r in sorted(ranges, key=lambda r: (-(r[3] - r[2]), r[0], r[1])):
+        lightest = min(range(max_tasks), key=lambda i: (sizes[i], i))
+        tasks[lightest].append(r)
+        sizes[lightest] += r[3] - r[2]
+    return [tuple(sorted(t)) for t in tasks if t]

@@ -36,14 +36,16 @@ from kafka_offsets_plan import (
     SOURCE_NAME,
     OffsetJson,
     PartitionOffsets,
+    ReadRange,
     batch_row_limit,
     from_offset_json,
+    group_ranges,
     parse_starting_offsets,
     plan_batch_end,
     to_offset_json,
 )
 from kafka_partition_read import read_partition
-from kafka_source_options import SourceSettings, ledger_url_from_env
+from kafka_source_options import SourceSettings, ledger_url_from_env, session_task_slots
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -95,6 +97,20 @@ class KafkaInputPartition(InputPartition):
         return hash(self.value)
 
 
+class KafkaInputGroup(InputPartition):
+    """One Spark task reading several ranges one after another (see :func:`group_ranges`)."""
+
+    def __init__(self, ranges: tuple[ReadRange, ...]) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KafkaInputGroup) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
 class KafkaDataSource(DataSource):
     """``spark.readStream.format("relaykafka")``: Kafka through kafka-python, Spark's Kafka schema."""
 
@@ -107,9 +123,12 @@ class KafkaDataSource(DataSource):
         """Spark's Kafka source schema, so sinks written for the JVM connector work unchanged."""
         return KAFKA_SCHEMA
 
+    task_slots: int | None = None
+    """The session's task slots, set by :func:`register` (the default of ``relay.maxTasksPerBatch``)."""
+
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """Validate options here so a bad option fails when the query starts, not in a task."""
-        return KafkaStreamReader(SourceSettings.from_options(self.options))
+        return KafkaStreamReader(SourceSettings.from_options(self.options, self.task_slots))
 
 
 def _idle(guard: Any) -> bool:
@@ -309,20 +328,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _, latest = self._offsets(self._topic_partitions())
         return to_offset_json(latest) if latest else None
 
-    def partitions(self, start: OffsetJson, end: OffsetJson) -> list[KafkaInputPartition]:
-        """One task per Kafka partition with something to read; a new partition is absent from
-        ``start`` and sits at its first offset in ``end``, so it yields no task yet."""
+    def partitions(self, start: OffsetJson, end: OffsetJson) -> list[InputPartition]:
+        """One task per Kafka partition with something to read, or, beyond ``max_tasks`` (the
+        session's task slots), partitions sharing tasks (:func:`group_ranges`); a new partition is
+        absent from ``start`` and sits at its first offset in ``end``, so it yields no task yet."""
         begin = from_offset_json(start)
         guard = self._read_guard()
         floors = guard.floors if guard is not None else {}
-        tasks = []
+        ranges: list[ReadRange] = []
         for (topic, partition), stop in sorted(from_offset_json(end).items()):
             if (topic, partition) not in begin:
                 continue
             first = max(begin[(topic, partition)], floors.get(topic, {}).get(partition, 0))
             if first < stop:  # below its lease floor nothing is the instance's: never read it
-                tasks.append(KafkaInputPartition(topic, partition, first, stop))
-        return tasks
+                ranges.append((topic, partition, first, stop))
+        return [
+            KafkaInputPartition(*group[0]) if len(group) == 1 else KafkaInputGroup(group)
+            for group in group_ranges(ranges, self.settings.max_tasks)
+        ]
 
     def commit(self, end: OffsetJson) -> None:
         """Nothing to do: positions live in Spark's checkpoint (and Relay's ledger), not in Kafka."""
@@ -330,16 +353,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side ------------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        """Yield the records of [start, end) of one Kafka partition as pyarrow RecordBatches
-        (:func:`kafka_partition_read.read_partition`)."""
-        if not isinstance(partition, KafkaInputPartition):
+        """Yield the records of [start, end) of each Kafka partition of the task, one partition
+        after another, as pyarrow RecordBatches (:func:`kafka_partition_read.read_partition`)."""
+        if isinstance(partition, KafkaInputPartition):
+            ranges: tuple[ReadRange, ...] = (partition.value,)
+        elif isinstance(partition, KafkaInputGroup):
+            ranges = partition.ranges
+        else:
             raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
-        yield from read_partition(
-            self.settings, schema, partition.topic, partition.partition, partition.start, partition.end
-        )
+        for topic, number, first, stop in ranges:
+            yield from read_partition(self.settings, schema, topic, number, first, stop)
 
 
 def register(spark: Any) -> None:
@@ -353,4 +379,15 @@ def register(spark: Any) -> None:
     helpers = (kafka_offsets_plan, kafka_source_options, kafka_consumer_pool, kafka_partition_read)
     for module in (*helpers, sys.modules[__name__]):
         cloudpickle.register_pickle_by_value(module)  # its helper modules too: same reason
+    KafkaDataSource.task_slots = _task_slots(spark)  # pickled with the class when registered
     spark.dataSource.register(KafkaDataSource)
+
+
+def _task_slots(spark: Any) -> int | None:
+    """The session's task slots (:func:`session_task_slots`), None when they can't be read."""
+    try:
+        conf = dict(spark.sparkContext.getConf().getAll())
+        return session_task_slots(conf, spark.sparkContext.master)
+    except Exception:  # noqa: BLE001 - a session without a readable conf plans one task per partition
+        log.debug("could not read the session's task slots", exc_info=True)
+        return None

@@ -42,9 +42,13 @@ class SourceSettings:
     """Name of the environment variable holding the ledger URL (a URL may hold a password, and
     Spark options end up in logs and plans, so the URL itself is never an option)."""
     instance_id: int | None = None
+    max_tasks: int | None = None
+    """At most this many Spark tasks per batch (``relay.maxTasksPerBatch``; default: the session's
+    task slots, see :func:`session_task_slots`): Kafka partitions share a task beyond that. None:
+    one task per partition."""
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> SourceSettings:
+    def from_options(cls, options: Mapping[str, str], default_max_tasks: int | None = None) -> SourceSettings:
         """Validate Spark's option map; keys arrive lower-cased, so every lookup ignores case."""
         opts = {str(k).lower(): str(v) for k, v in options.items()}
 
@@ -108,6 +112,7 @@ class SourceSettings:
             check_crcs=as_bool("kafka.check.crcs", True),
             ledger_url_env=ledger_url_env,
             instance_id=instance_id,
+            max_tasks=as_int("relay.maxTasksPerBatch", default_max_tasks, 1),
         )
         parse_starting_offsets(settings.starting_offsets, settings.topics)  # fail at definition time
         return settings
@@ -127,3 +132,30 @@ class SourceSettings:
             "isolation_level": self.isolation_level,
             "check_crcs": self.check_crcs,
         }
+
+
+def session_task_slots(conf: Mapping[str, str], master: str) -> int | None:
+    """How many tasks the application can run at once, when its configuration bounds it.
+
+    ``local[N]`` -> N; a cluster with ``spark.cores.max`` -> that over ``spark.task.cpus``. None
+    when nothing bounds it (standalone without ``spark.cores.max`` takes every core; dynamic
+    allocation grows): the source then plans one task per Kafka partition, as before.
+    """
+    cpus = _positive(conf.get("spark.task.cpus")) or 1
+    m = master.strip().lower()
+    if m.startswith("local"):
+        inside = m[m.find("[") + 1 : m.find("]")] if "[" in m else "1"
+        n = (os.cpu_count() or 1) if inside.split(",")[0].strip() == "*" else _positive(inside.split(",")[0])
+        return max(1, n // cpus) if n else None
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
+        return None
+    cores = _positive(conf.get("spark.cores.max"))
+    return max(1, cores // cpus) if cores else None
+
+
+def _positive(raw: str | None) -> int | None:
+    try:
+        value = int(str(raw).strip())
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None

@@ -1,11 +1,13 @@
 """The executor side of a user pipeline's batch: each Spark task writes its rows through the sink.
 
 ``partition_writer`` builds the function ``DataFrame.mapInArrow`` runs once per partition (one Spark
-task): the rows stream from Arrow batches into ``ExecutorSink.write_task`` and the task returns ONE
-small row of counts. The driver collects only those rows, so its memory does not depend on the batch
-size. A ``FencedWriteError`` is returned as data (the ``fenced`` column), not raised: the driver must
-know for sure the attempt is a zombie, and Spark would retry a raising task and wrap its error in
-text. Nothing here imports pyspark; pyarrow is imported in the task.
+task): the rows stream from Arrow batches into ``ExecutorSink.write_task`` (as dicts), or, when the
+sink has ``write_arrow(ctx, batches)`` (``PostgresUpsertSink``), the batches go to it as they are
+(no Python object per row: issue #11), and the task returns ONE small row of counts. The driver
+collects only those rows, so its memory does not depend on the batch size. A ``FencedWriteError``
+is returned as data (the ``fenced`` column), not raised: the driver must know for sure the attempt
+is a zombie, and Spark would retry a raising task and wrap its error in text. Nothing here imports
+pyspark; pyarrow is imported in the task.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def partition_writer(sink: ExecutorSink, ctx: TaskContext) -> Callable[[Iterator
     """The task function: the sink (its settings, URL included, read on the driver) and the batch's
     context travel in its pickled closure, never in a Spark option or the environment."""
 
+    arrow_write = getattr(sink, "write_arrow", None)
+
     def write(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -37,7 +41,10 @@ def partition_writer(sink: ExecutorSink, ctx: TaskContext) -> Callable[[Iterator
             result = TaskResult()
         else:
             try:
-                result = sink.write_task(ctx, _rows(chain([first], batches)))
+                if callable(arrow_write):  # the sink takes Arrow batches as they are (no dict rows)
+                    result = arrow_write(ctx, chain([first], batches))
+                else:
+                    result = sink.write_task(ctx, _rows(chain([first], batches)))
             except FencedWriteError as exc:
                 result, fenced = TaskResult(), str(exc) or type(exc).__name__
         row = {

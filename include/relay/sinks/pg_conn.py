@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 from urllib.parse import parse_qs, unquote
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 
 from relay.errors import ConfigError
@@ -27,6 +29,10 @@ MAX_IDLE_PER_KEY = 4
 CONNECT_TIMEOUT_S = 10
 APPLICATION_NAME = "relay-sink"
 _SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg2://")
+
+RETRIES = 3  # deadlock, serialization failure, a pooled connection found broken
+RETRYABLE = (psycopg2.errors.DeadlockDetected, psycopg2.errors.SerializationFailure)
+_T = TypeVar("_T")
 
 _lock = threading.Lock()
 _idle: dict[tuple[int, str], list[psycopg2.extensions.connection]] = {}
@@ -131,6 +137,42 @@ def transaction(url: str) -> Iterator[psycopg2.extensions.connection]:
         raise
     finally:
         checkin(url, conn)
+
+
+def retried_transaction(
+    url: str,
+    work: Callable[[psycopg2.extensions.cursor], _T],
+    before_commit: Callable[[], None],
+    passthrough: tuple[type[BaseException], ...],
+) -> _T:
+    """``work`` then COMMIT on a pooled connection, retried on a deadlock, a serialization failure
+    or a broken connection (nothing committed; or, broken at COMMIT, committed: a sink's write is
+    idempotent). ``passthrough`` errors roll back and propagate; so does the last psycopg2 error."""
+    for attempt in range(1, RETRIES + 1):
+        conn = checkout(url)
+        try:
+            with conn.cursor() as cur:
+                out = work(cur)
+            before_commit()
+            conn.commit()
+        except passthrough:
+            conn.rollback()
+            checkin(url, conn)
+            raise
+        except psycopg2.Error as exc:
+            broken = is_broken(conn)
+            if not broken:
+                conn.rollback()
+            checkin(url, conn)
+            if (broken or isinstance(exc, RETRYABLE)) and attempt < RETRIES:
+                continue
+            raise
+        except BaseException:
+            discard(conn)  # mid-transaction for an unknown reason: never reuse it
+            raise
+        checkin(url, conn)
+        return out
+    raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
 
 
 def close_all() -> None:

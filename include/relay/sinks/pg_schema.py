@@ -7,8 +7,9 @@ message (empty names, NUL, more than 63 bytes, a dot in a table name that was me
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import psycopg2.extensions
 from psycopg2 import sql
@@ -112,6 +113,21 @@ def fence_table_sql(schema: str | None, fence_table: str) -> sql.Composed:
     ).format(qualified(schema, fence_table))
 
 
+def fence_row_sql(schema: str | None, fence_table: str) -> tuple[sql.Composed, ...]:
+    """(insert if missing, lock exclusively, fence for good, raise the epoch) of a fence row."""
+    f = qualified(schema, fence_table)
+    row = "WHERE pipeline = %s AND instance_id = %s"
+    return (
+        sql.SQL(
+            "INSERT INTO {} (pipeline, instance_id, epoch, fenced) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (pipeline, instance_id) DO NOTHING"
+        ).format(f),
+        sql.SQL("SELECT epoch, fenced FROM {} " + row + " FOR UPDATE").format(f),
+        sql.SQL("UPDATE {} SET fenced = true, updated_at = now() " + row).format(f),
+        sql.SQL("UPDATE {} SET epoch = %s, updated_at = now() " + row).format(f),
+    )
+
+
 def ensure_fence_table(cur: psycopg2.extensions.cursor, schema: str | None, fence_table: str) -> None:
     """Create the fence table when missing (serialised: two drivers may prepare at once)."""
     if schema is not None:
@@ -183,3 +199,96 @@ def check_table(
         raise ConfigError(
             f"the sink's target table {shown(schema, table)} can't be used: {'; '.join(problems)}"
         )
+
+
+# ---- the upsert statements ------------------------------------------------------------------------
+
+_POSITION = '(t._relay_topic COLLATE "C", t._relay_partition, t._relay_offset)'
+
+
+def upsert_sql(
+    schema: str | None, table: str, columns: Sequence[str], key: Sequence[str], rows: sql.Composable
+) -> sql.Composed:
+    """``INSERT ... rows ON CONFLICT (key) DO UPDATE ... WHERE`` the stored position is older (newest
+    wins; a row without a position is always replaced), returning ``new`` (inserted, not updated)
+    per row written. ``rows``: ``VALUES %s`` or a query, in the target's column order."""
+    all_cols = [*columns, *RELAY_COLUMNS]
+    ident = sql.Identifier
+    return sql.SQL(
+        "INSERT INTO {table} AS t ({cols}) {rows} ON CONFLICT ({key}) DO UPDATE SET {sets}"
+        " WHERE t._relay_topic IS NULL OR t._relay_partition IS NULL OR t._relay_offset IS NULL"
+        " OR {old} < {new} RETURNING (xmax = 0) AS new"
+    ).format(
+        table=qualified(schema, table),
+        cols=sql.SQL(", ").join(map(ident, all_cols)),
+        rows=rows,
+        key=sql.SQL(", ").join(map(ident, key)),
+        sets=sql.SQL(", ").join(
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in all_cols if c not in key
+        ),
+        old=sql.SQL(_POSITION),
+        new=sql.SQL(_POSITION.replace("t.", "EXCLUDED.")),
+    )
+
+
+def stage_name(schema: str | None, table: str, columns: Sequence[str]) -> str:
+    """The temp table staging a task's rows for ``table`` (one per target and column list)."""
+    digest = hashlib.sha1("\0".join([schema or "", table, *columns]).encode()).hexdigest()[:16]
+    return f"relay_stage_{digest}"
+
+
+def stage_sql(
+    stage: str, schema: str | None, table: str, columns: Sequence[str]
+) -> tuple[sql.Composed, sql.Composed, sql.Composed]:
+    """(create, types, drop) of a task's staging table: a temp table of the connection with the
+    target's column types (``WITH NO DATA``), emptied by every commit or rollback; ``types`` returns
+    no row, only the stage's then the target's column types (its description), to notice a target
+    altered since the stage was made."""
+    cols = sql.SQL(", ").join(map(sql.Identifier, [*columns, *RELAY_COLUMNS]))
+    temp, target = sql.Identifier("pg_temp", stage), qualified(schema, table)
+    both = sql.SQL(", ").join(
+        sql.SQL("{}.{}").format(sql.Identifier(alias), sql.Identifier(c))
+        for alias in ("s", "t")
+        for c in [*columns, *RELAY_COLUMNS]
+    )
+    return (
+        sql.SQL(
+            "CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} WITH NO DATA"
+        ).format(sql.Identifier(stage), cols, target),
+        sql.SQL("SELECT {} FROM {} AS s, {} AS t WHERE false").format(both, temp, target),
+        sql.SQL("DROP TABLE IF EXISTS {}").format(temp),
+    )
+
+
+def copy_sql(stage: str, columns: Sequence[str]) -> sql.Composed:
+    cols = sql.SQL(", ").join(map(sql.Identifier, [*columns, *RELAY_COLUMNS]))
+    return sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(sql.Identifier("pg_temp", stage), cols)
+
+
+def staged_upsert_sql(
+    schema: str | None,
+    table: str,
+    stage: str,
+    columns: Sequence[str],
+    key: Sequence[str],
+    text_keys: Collection[str],
+) -> sql.Composed:
+    """The staged rows upserted: one per key (the highest position), in key order (bytewise for
+    text, as Python sorts: every task locks rows in one order), newest wins. Returns one row:
+    (distinct keys, rows written, of which inserted)."""
+    cols = sql.SQL(", ").join(map(sql.Identifier, [*columns, *RELAY_COLUMNS]))
+    keys = sql.SQL(", ").join(
+        sql.SQL('{} COLLATE "C"' if k in text_keys else "{}").format(sql.Identifier(k)) for k in key
+    )
+    rows = sql.SQL("SELECT {} FROM src ORDER BY {}").format(cols, keys)
+    return sql.SQL(
+        "WITH src AS MATERIALIZED (SELECT DISTINCT ON ({keys}) {cols} FROM {stage} ORDER BY {keys},"
+        ' _relay_topic COLLATE "C" DESC, _relay_partition DESC, _relay_offset DESC),'
+        " up AS ({upsert})"
+        " SELECT (SELECT count(*) FROM src), count(*), count(*) FILTER (WHERE new) FROM up"
+    ).format(
+        keys=keys,
+        cols=cols,
+        stage=sql.Identifier("pg_temp", stage),
+        upsert=upsert_sql(schema, table, columns, key, rows),
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -33,7 +33,7 @@ CONFIG_ERRORS = (
     psycopg2.errors.InsufficientPrivilege,
 )
 VALUE_ERRORS = (psycopg2.DataError, psycopg2.errors.DatatypeMismatch)
-RETRYABLE = (psycopg2.errors.DeadlockDetected, psycopg2.errors.SerializationFailure)
+RETRYABLE = pg_conn.RETRYABLE
 
 
 class _JsonbText(Json):
@@ -165,3 +165,109 @@ def driver_errors(url: str, what: str, fence_wait_s: float) -> Iterator[None]:
         if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
             raise SinkUnavailableError(f"{what}: {message}") from exc
         raise SinkError(f"{what}: {message}") from exc
+
+
+# ---- Arrow batches staged through COPY (PostgresUpsertSink.write_arrow) ---------------------------
+# Which Arrow values reach a column through CSV exactly as the row path writes their Python values.
+# PostgreSQL type OIDs: int2 21, int4 23, int8 20, numeric 1700, float4 700, float8 701, bool 16,
+# text 25, varchar 1043. An integer is the same number in any of the numeric types (or its digits in
+# text); a float64 is written in its shortest round-trip form, so only float8 gets the same value; a
+# string meets the column's input function, as the row path's literal does, so any type is fine.
+_TEXT = frozenset({25, 1043})
+_VALUE_TYPES: dict[str, frozenset[int] | None] = {
+    "int": frozenset({20, 21, 23, 1700, 700, 701, 25, 1043}),
+    "float": frozenset({701}),
+    "bool": frozenset({16}),
+    "str": None,  # any
+    "null": None,
+}
+# Key columns: types whose equality is Python's (text compared bytewise), so one row per key in
+# the task means the same keys as the row path (no char(n) padding, no case-insensitive type).
+_KEY_TYPES = {"int": frozenset({20, 21, 23, 1700}), "str": _TEXT, "bool": frozenset({16})}
+
+
+def arrow_kind(arrow_type: Any) -> str | None:
+    """The kind of an Arrow column the COPY path writes, None for any other (the row path's)."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_null(arrow_type):
+        return "null"
+    if t.is_boolean(arrow_type):
+        return "bool"
+    if t.is_integer(arrow_type) and not t.is_uint64(arrow_type):  # uint64 may not fit a bigint
+        return "int"
+    if t.is_float64(arrow_type):
+        return "float"
+    if t.is_string(arrow_type) or t.is_large_string(arrow_type):
+        return "str"
+    return None
+
+
+def staged_text_keys(
+    kinds: Sequence[str | None], oids: Sequence[int], names: Sequence[str], key: Sequence[str]
+) -> frozenset[str] | None:
+    """The text key columns when every column's values can be staged with the row path's meaning
+    (kinds and target type OIDs in ``names`` order), else None."""
+    for kind, oid, name in zip(kinds, oids, names):
+        if kind is None:
+            return None
+        allowed = _KEY_TYPES.get(kind, frozenset()) if name in key else _VALUE_TYPES[kind]
+        if allowed is not None and oid not in allowed:
+            return None
+    return frozenset(n for n, oid in zip(names, oids) if n in key and oid in _TEXT)
+
+
+def in_ranges(batch: Any, ranges: Mapping[tuple[str, int], tuple[int, int]]) -> Any:
+    """The rows of ``batch`` inside ``ranges``, vectorised; None when a source column holds a NULL
+    (the row path decides what such a row means). Arrow errors (a column of another type) raise."""
+    import pyarrow.compute as pc
+
+    topic, part, offset = (batch.column(c) for c in ("topic", "partition", "offset"))
+    if topic.null_count or part.null_count or offset.null_count:
+        return None
+    mask = None
+    for (t, p), (first, end) in ranges.items():
+        here = pc.and_(
+            pc.and_(pc.equal(topic, t), pc.equal(part, p)),
+            pc.and_(pc.greater_equal(offset, first), pc.less(offset, end)),
+        )
+        mask = here if mask is None else pc.or_(mask, here)
+    return batch.slice(0, 0) if mask is None else batch.filter(mask)
+
+
+def csv_of(batch: Any, names: Sequence[str]) -> Any:
+    """The columns ``names`` of ``batch`` as CSV for ``COPY ... (FORMAT csv)``, built in C++: strings
+    quoted (an empty string stays one), NULL unquoted empty, floats in round-trip form."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    out = pa.BufferOutputStream()
+    pacsv.write_csv(batch.select(list(names)), out, pacsv.WriteOptions(include_header=False))
+    return out.getvalue()
+
+
+class NotStaged(Exception):
+    """The staged path can't carry this task's values with the row path's meaning."""
+
+
+class CopyReader:
+    """A pyarrow Buffer as the file ``copy_expert`` reads."""
+
+    def __init__(self, buffer: Any) -> None:
+        self._stream = memoryview(buffer)
+        self._at = 0
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._stream) if size < 0 else self._at + size
+        chunk = self._stream[self._at : end].tobytes()
+        self._at += len(chunk)
+        return chunk
+
+
+def chain_first(first: Any, rest: Iterator[Any], seen: list[Any]) -> Iterator[Any]:
+    """``first`` then ``rest``, each batch of ``rest`` remembered in ``seen`` as it passes."""
+    yield first
+    for batch in rest:
+        seen.append(batch)
+        yield batch

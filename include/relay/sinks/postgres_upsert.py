@@ -13,6 +13,10 @@ Each Spark task writes its rows in ONE transaction on a pooled connection:
    ``execute_values`` (no per-row round trip), in key order (tasks lock rows in one order: no
    deadlock between tasks that share keys).
 
+Spark tasks call ``write_arrow`` with their Arrow batches instead: the same transaction and rules,
+with the rows filtered by vectorised kernels, sent by ``COPY`` into a temp table and deduplicated
+and upserted by one statement (see its docstring); it hands ``write_task`` what it can't carry.
+
 The rule ("newest wins"): a row replaces the stored row of its key only when its source position
 ``(topic, partition, offset)`` is greater, comparing topics bytewise (``COLLATE "C"``), then the
 partition, then the offset; a stored row without a position (written outside Relay) is always
@@ -26,6 +30,7 @@ partition 1 wins over a later one of partition 0.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from operator import itemgetter
@@ -54,7 +59,8 @@ from relay.sinks.base import (
 DEFAULT_PAGE_SIZE = 2000
 DEFAULT_FENCE_WAIT_S = 600.0
 CRASH_BEFORE_COMMIT = "pg_sink.before_commit"  # tests: die with the rows sent, uncommitted
-_RETRIES = 3  # deadlock, serialization failure, a pooled connection found broken
+_FALLBACKS_LOGGED: set[str] = set()  # why write_arrow used the row path, logged once per process
+log = logging.getLogger(__name__)
 
 
 class PostgresUpsertSink:
@@ -146,36 +152,18 @@ class PostgresUpsertSink:
         self._lock_fence_row(pipeline, instance_id, None)
 
     def _lock_fence_row(self, pipeline: str, instance_id: int, epoch: int | None) -> None:
-        fences = ps.qualified(self.schema, self.fence_table)
+        insert, lock, fence, raise_epoch = ps.fence_row_sql(self.schema, self.fence_table)
         who = f"instance {instance_id} of pipeline {pipeline!r}"
         with self._errors("fencing"), pg_conn.transaction(self._url) as conn, conn.cursor() as cur:
             cur.execute(
                 "SELECT set_config('lock_timeout', %s, true)", (f"{int(self.fence_wait_s * 1000)}ms",)
             )
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {} (pipeline, instance_id, epoch, fenced) VALUES (%s, %s, %s, %s)"
-                    " ON CONFLICT (pipeline, instance_id) DO NOTHING"
-                ).format(fences),
-                (pipeline, instance_id, epoch or 0, epoch is None),
-            )
-            # Exclusive: waits for every task holding the row FOR SHARE (inside its write).
-            cur.execute(
-                sql.SQL(
-                    "SELECT epoch, fenced FROM {} WHERE pipeline = %s AND instance_id = %s FOR UPDATE"
-                ).format(fences),
-                (pipeline, instance_id),
-            )
+            cur.execute(insert, (pipeline, instance_id, epoch or 0, epoch is None))
+            cur.execute(lock, (pipeline, instance_id))  # waits for every task holding it FOR SHARE
             current, fenced = cur.fetchone()
             if epoch is None:
                 if not fenced:
-                    cur.execute(
-                        sql.SQL(
-                            "UPDATE {} SET fenced = true, updated_at = now()"
-                            " WHERE pipeline = %s AND instance_id = %s"
-                        ).format(fences),
-                        (pipeline, instance_id),
-                    )
+                    cur.execute(fence, (pipeline, instance_id))
                 return
             if fenced:
                 raise FencedWriteError(f"{who} is fenced in the sink: epoch {epoch} may not write")
@@ -185,13 +173,7 @@ class PostgresUpsertSink:
                     f"{current} (epochs only go up; this attempt is no longer current)"
                 )
             if current < epoch:
-                cur.execute(
-                    sql.SQL(
-                        "UPDATE {} SET epoch = %s, updated_at = now()"
-                        " WHERE pipeline = %s AND instance_id = %s"
-                    ).format(fences),
-                    (epoch, pipeline, instance_id),
-                )
+                cur.execute(raise_epoch, (epoch, pipeline, instance_id))
 
     # ---- executor side -----------------------------------------------------------------------
 
@@ -202,44 +184,117 @@ class PostgresUpsertSink:
         if not values:
             result.rows_unchanged += superseded
             return result
-        stmt = self._upsert_sql(columns)
-        for attempt in range(1, _RETRIES + 1):
-            conn = pg_conn.checkout(self._url)
-            try:
-                with conn.cursor() as cur:
-                    self._check_fence(cur, ctx)
-                    returned = execute_values(cur, stmt, values, page_size=self.page_size, fetch=True)
-                crash_point(CRASH_BEFORE_COMMIT)
-                conn.commit()
-            except FencedWriteError:
-                conn.rollback()
-                pg_conn.checkin(self._url, conn)
-                raise
-            except psycopg2.Error as exc:
-                broken = pg_conn.is_broken(conn)
-                if not broken:
-                    conn.rollback()
-                pg_conn.checkin(self._url, conn)
-                retry = broken or isinstance(exc, pv.RETRYABLE)
-                if retry and attempt < _RETRIES:
-                    continue  # nothing committed (or, broken at COMMIT, committed: idempotent)
-                where = (
-                    f"writing batch {ctx.batch_id} of instance {ctx.instance_id} "
-                    f"to {ps.shown(self.schema, self.table)}"
-                )
-                target = ps.qualified(self.schema, self.table)
-                raise pv.write_error(exc, self._url, where, target, columns, values, self.page_size) from exc
-            except BaseException:
-                pg_conn.discard(conn)  # mid-transaction for an unknown reason: never reuse it
-                raise
-            pg_conn.checkin(self._url, conn)
-            break
-        written = len(returned)
+        stmt = ps.upsert_sql(self.schema, self.table, columns, self.key, sql.SQL("VALUES %s"))
+
+        def work(cur: psycopg2.extensions.cursor) -> list[tuple[Any, ...]]:
+            self._check_fence(cur, ctx)
+            return execute_values(cur, stmt, values, page_size=self.page_size, fetch=True)
+
+        try:
+            returned = pg_conn.retried_transaction(
+                self._url, work, lambda: crash_point(CRASH_BEFORE_COMMIT), (FencedWriteError, pv.NotStaged)
+            )
+        except psycopg2.Error as exc:
+            target = ps.qualified(self.schema, self.table)
+            where = self._where_writing(ctx)
+            raise pv.write_error(exc, self._url, where, target, columns, values, self.page_size) from exc
         inserted = sum(1 for (new,) in returned if new)
+        return self._counted(result, len(values), len(returned), inserted, superseded)
+
+    def write_arrow(self, ctx: TaskContext, batches: Iterable[Any]) -> TaskResult:
+        """``write_task`` for the pyarrow RecordBatches a Spark task gets (``mapInArrow``): the same
+        transaction, fence and rules, without a Python object per row or value.
+
+        Why: building dict rows, adapting each value and rendering ``VALUES`` were most of a task's
+        write. Here the rows inside ``ctx.ranges`` are kept by vectorised filters, written as CSV by
+        pyarrow and sent with ``COPY`` into a temp table of the connection typed like the target;
+        one statement then upserts them, one row per key (the highest position) in key order, newest
+        wins. Whatever this path does not handle (a column type, a NULL key or source column) or
+        any database error goes to ``write_task`` with the same rows, which writes them or raises
+        its error naming the column; nothing of the failed try was committed.
+        """
+        seen: list[Any] = []  # every batch, for the row path
+
+        def fallback(why: str, detail: str = "") -> TaskResult:
+            seen.extend(batches)
+            if why not in _FALLBACKS_LOGGED:  # once per process and reason (the detail may vary)
+                _FALLBACKS_LOGGED.add(why)
+                log.info("%s: rows written one by one (%s%s)", ps.shown(self.schema, self.table), why, detail)
+            return self.write_task(ctx, (row for b in seen for row in b.to_pylist()))
+
+        batches = iter(batches)
+        first = next(batches, None)
+        if first is None:
+            return TaskResult()
+        seen.append(first)
+        names = list(first.schema.names)
+        columns = self.columns or tuple(n for n in names if n not in SOURCE_COLUMNS)
+        wanted = [*columns, *SOURCE_COLUMNS]
+        kinds = [pv.arrow_kind(first.schema.field(n).type) if n in names else None for n in wanted]
+        try:
+            ps.check_columns(columns, "the row's")  # the row path names what is wrong
+        except ConfigError:
+            kinds = [None]
+        if None in kinds or len(set(names)) != len(names) or not set(self.key) <= set(columns):
+            return fallback("a column is missing, reserved or of a type staged rows can't carry")
+        result, kept = TaskResult(), []
+        for batch in pv.chain_first(first, batches, seen):
+            result.rows_in += batch.num_rows
+            try:
+                inside = pv.in_ranges(batch, ctx.ranges)
+            except Exception:  # noqa: BLE001 - pyarrow: source columns of unexpected types
+                inside = None
+            if inside is None or any(inside.column(k).null_count for k in self.key):
+                return fallback("a NULL key or source column, or a source column of another type")
+            result.rows_skipped += batch.num_rows - inside.num_rows
+            if inside.num_rows:
+                kept.append(pv.csv_of(inside, wanted))
+        if not kept:
+            return result
+        staged = sum(b.num_rows for b in seen) - result.rows_skipped
+        stage = ps.stage_name(self.schema, self.table, columns)
+        create, types, drop = ps.stage_sql(stage, self.schema, self.table, columns)
+
+        def work(cur: psycopg2.extensions.cursor) -> tuple[int, int, int]:
+            cur.execute(create)
+            cur.execute(types)
+            oids = [d.type_code for d in cur.description]
+            half = len(oids) // 2
+            if oids[:half] != oids[half:]:  # the target changed since this connection staged for it
+                cur.execute(drop)
+                cur.execute(create)
+            text_keys = pv.staged_text_keys(kinds, oids[half:], wanted, self.key)
+            if text_keys is None:
+                raise pv.NotStaged
+            for csv in kept:
+                cur.copy_expert(ps.copy_sql(stage, columns), pv.CopyReader(csv), size=1 << 20)
+            self._check_fence(cur, ctx)
+            cur.execute(ps.staged_upsert_sql(self.schema, self.table, stage, columns, self.key, text_keys))
+            distinct, written, inserted = cur.fetchone()
+            return int(distinct), int(written), int(inserted)
+
+        try:
+            distinct, written, inserted = pg_conn.retried_transaction(
+                self._url, work, lambda: crash_point(CRASH_BEFORE_COMMIT), (FencedWriteError, pv.NotStaged)
+            )
+        except pv.NotStaged:
+            return fallback("a column's type in the table takes its values differently from CSV")
+        except psycopg2.Error as exc:
+            return fallback("the staged write failed", f": {pv.message_of(exc, self._url)}")
+        return self._counted(result, distinct, written, inserted, staged - distinct)
+
+    @staticmethod
+    def _counted(
+        result: TaskResult, distinct: int, written: int, inserted: int, superseded: int
+    ) -> TaskResult:
         result.rows_written = written
-        result.rows_unchanged = len(values) - written + superseded
+        result.rows_unchanged = distinct - written + superseded
         result.extra.update(inserted=inserted, updated=written - inserted, superseded_in_task=superseded)
         return result
+
+    def _where_writing(self, ctx: TaskContext) -> str:
+        target = ps.shown(self.schema, self.table)
+        return f"writing batch {ctx.batch_id} of instance {ctx.instance_id} to {target}"
 
     def _collect(
         self, ctx: TaskContext, rows: Iterable[Mapping[str, Any]], result: TaskResult
@@ -324,24 +379,6 @@ class PostgresUpsertSink:
             raise FencedWriteError(f"{who} is fenced in the sink: {task}")
         if epoch != ctx.epoch:
             raise FencedWriteError(f"{who} is at epoch {epoch} in the sink: {task}")
-
-    def _upsert_sql(self, columns: Sequence[str]) -> sql.Composed:
-        all_cols = [*columns, *ps.RELAY_COLUMNS]
-        updates = [c for c in all_cols if c not in self.key]
-        ident = sql.Identifier
-        position = '(t._relay_topic COLLATE "C", t._relay_partition, t._relay_offset)'
-        return sql.SQL(
-            "INSERT INTO {table} AS t ({cols}) VALUES %s ON CONFLICT ({key}) DO UPDATE SET {sets}"
-            " WHERE t._relay_topic IS NULL OR t._relay_partition IS NULL OR t._relay_offset IS NULL"
-            " OR {old} < {new} RETURNING (xmax = 0)"
-        ).format(
-            table=ps.qualified(self.schema, self.table),
-            cols=sql.SQL(", ").join(map(ident, all_cols)),
-            key=sql.SQL(", ").join(map(ident, self.key)),
-            sets=sql.SQL(", ").join(sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in updates),
-            old=sql.SQL(position),
-            new=sql.SQL(position.replace("t.", "EXCLUDED.")),
-        )
 
     def _errors(self, what: str) -> AbstractContextManager[None]:
         where = f"{what} of the sink {ps.shown(self.schema, self.table)} at {self.url}"
