@@ -61,69 +61,56 @@ def rehearse(
 ) -> int:
     """Run ``on_batch`` over the topic's tail through Relay's source; the records it saw (0: none
     or skipped). Raises only what ``on_batch`` raised of the ``fatal`` types."""
-    raised: list[Exception] = []
-    try:
-        return _rehearse(spark, source_options, topic, on_batch, scratch, per_partition, timeout_s, raised)
-    except Exception as exc:  # noqa: BLE001 - a rehearsal must never stop the standby
-        if raised and isinstance(raised[0], fatal):
-            raise raised[0] from None
-        log.warning("warm-up batch skipped: %s: %s", type(exc).__name__, exc)
-        return 0
-
-
-def _rehearse(
-    spark: Any,
-    source_options: Mapping[str, str],
-    topic: str,
-    on_batch: Callable[[Any], None],
-    scratch: Path,
-    per_partition: int,
-    timeout_s: float,
-    raised: list[Exception],
-) -> int:
-    import kafka_source
-    from relay.kafka_offsets import KafkaOffsets
-
-    with KafkaOffsets(source_options["kafka.bootstrap.servers"], timeout_s=min(10.0, timeout_s)) as kafka:
-        earliest, latest = kafka.earliest(topic), kafka.latest(topic)
-    start = tail_offsets(earliest, latest, per_partition)
-    records = sum(latest[p] - start[p] for p in latest)
-    if records <= 0:
-        log.info("warm-up batch skipped: topic %s holds no records", topic)
-        return 0
+    raised: list[Exception] = []  # Spark hands a query's failure back as text: keep its type
     seen: list[int] = []
 
     def batch(df: Any, batch_id: int) -> None:
         try:
             on_batch(df)
         except Exception as exc:
-            raised.append(exc)  # Spark hands the query's failure back as text: keep its type
+            raised.append(exc)
             raise
         seen.append(batch_id)
 
-    scratch.mkdir(parents=True, exist_ok=True)
-    checkpoint = Path(tempfile.mkdtemp(prefix="relay-warm-up-", dir=scratch))
-    t0 = time.perf_counter()
-    kafka_source.register(spark)
-    query = (
-        spark.readStream.format("relaykafka")
-        .options(**rehearsal_options(source_options, topic, start))
-        .load()
-        .writeStream.foreachBatch(batch)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .queryName("relay-warm-up")
-        .start()
-    )
     try:
-        if not query.awaitTermination(timeout_s):
-            raise TimeoutError(f"no end after {timeout_s:.0f} s")
-        failure = query.exception()
-        if failure is not None:
-            raise RuntimeError(str(failure))
-    finally:
-        query.stop()
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        import kafka_source
+        from relay.kafka_offsets import KafkaOffsets
+
+        with KafkaOffsets(source_options["kafka.bootstrap.servers"], timeout_s=min(10.0, timeout_s)) as kafka:
+            earliest, latest = kafka.earliest(topic), kafka.latest(topic)
+        start = tail_offsets(earliest, latest, per_partition)
+        records = sum(latest[p] - start[p] for p in latest)
+        if records <= 0:
+            log.info("warm-up batch skipped: topic %s holds no records", topic)
+            return 0
+        scratch.mkdir(parents=True, exist_ok=True)
+        checkpoint = Path(tempfile.mkdtemp(prefix="relay-warm-up-", dir=scratch))
+        t0 = time.perf_counter()
+        kafka_source.register(spark)
+        query = (
+            spark.readStream.format("relaykafka")
+            .options(**rehearsal_options(source_options, topic, start))
+            .load()
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .queryName("relay-warm-up")
+            .start()
+        )
+        try:
+            if not query.awaitTermination(timeout_s):
+                raise TimeoutError(f"no end after {timeout_s:.0f} s")
+            failure = query.exception()
+            if failure is not None:
+                raise RuntimeError(str(failure))
+        finally:
+            query.stop()
+            shutil.rmtree(checkpoint, ignore_errors=True)
+    except Exception as exc:  # noqa: BLE001 - a rehearsal must never stop the standby
+        if raised and isinstance(raised[0], fatal):
+            raise raised[0] from None
+        log.warning("warm-up batch skipped: %s: %s", type(exc).__name__, exc)
+        return 0
     log.info(
         "warm-up batch: %s record(s) of %s's tail in %s batch(es), %.0f ms, nothing applied",
         records,

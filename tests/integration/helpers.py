@@ -15,7 +15,7 @@ from relay.config import PROJECT_ROOT, RelayConfig
 from relay.driver_properties import driver_environment, driver_properties
 from relay.kafka_offsets import KafkaOffsets
 from relay.launcher import driver_args, driver_output, spark_client, submission_environment
-from relay.ledger.models import AttemptState, Instance
+from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
@@ -60,15 +60,6 @@ def print_drivers(cfg: RelayConfig) -> None:
     """Every driver's output of the pipeline, for a failed test's log."""
     for inst in Ledger(cfg.ledger_url).instances(cfg.pipeline):
         print(f"--- driver of instance {inst.id}:\n{driver_output(cfg, inst)}")
-
-
-def driver_stdout(cfg: RelayConfig, instance: Instance, max_bytes: int = 8 << 20) -> str:
-    """A cluster-mode driver's whole stdout (its Python log), every launch of it, from its worker."""
-    client = spark_client(cfg)
-    try:
-        return client.driver_log_tail(instance.submission_id or "", max_bytes, "stdout")
-    finally:
-        client.close()
 
 
 @contextmanager

@@ -38,10 +38,11 @@ from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
 from relay.producer import produce
 from relay.sinks.ledger_messages import CRASH_BEFORE_COMMIT
+from relay_dev.bench.context import driver_stdout
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import Load, caught_up, driver_stdout, pipeline_run, wait_relaunched
+from tests.integration.helpers import Load, caught_up, pipeline_run, wait_relaunched
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +135,8 @@ def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
     wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     green = ledger.instance(result["green_id"])
     rehearsal = re.search(
-        r"warm-up batch: the sink got (\d+) row\(s\), wrote (\d+), skipped (\d+)", driver_stdout(cfg, green)
+        r"warm-up batch: the sink got (\d+) row\(s\), wrote (\d+), skipped (\d+)",
+        driver_stdout(cfg, green.submission_id or ""),
     )
     assert rehearsal, "green ran no warm-up batch"
     got, wrote, skipped = map(int, rehearsal.groups())

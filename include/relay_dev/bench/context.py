@@ -63,3 +63,17 @@ def kill_child(proc: subprocess.Popen[bytes]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def driver_stdout(config: RelayConfig, driver_id: str) -> str:
+    """A cluster-mode driver's stdout (Python's log) from the worker's work dir, else through its UI."""
+    path = config.spark_dir / "work" / driver_id / "stdout"
+    if path.is_file():
+        return path.read_text(errors="replace")
+    from relay.launcher import spark_client
+
+    client = spark_client(config)
+    try:
+        return client.driver_log_tail(driver_id, 8 << 20, "stdout")
+    finally:
+        client.close()

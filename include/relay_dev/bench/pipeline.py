@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import OperationError, RelayError
@@ -259,22 +260,18 @@ def run_variant(ctx: Context, ledger_url: str, limit: int, messages: int, ids: i
     url = sink_database(ledger_url, f"sink_{name}_{uuid.uuid4().hex[:6]}")
     build_artifact(cfg, f"{name}-v1", pipeline_code=package)
     latest = latest_offsets(cfg)
-    saved = os.environ.get(SINK_URL_ENV)
-    os.environ[SINK_URL_ENV] = url  # where deploy runs: the launcher copies it to the driver's env
     t0 = time.time()
     try:
-        ctx.progress(f"pipeline: deploying {name} (maxOffsetsPerTrigger {limit:,}) in cluster mode")
-        info = deploy(cfg, version=f"{name}-v1", wait_s=600, progress=ctx.progress)
-        instance_id = int(info["instance_id"])
-        waited = wait_caught_up(cfg, ctx.progress, max(600.0, messages / 100), name)
-        t1 = time.time()
-        memory = driver_memory(cfg, instance_id)
-        stats = throughput_from_batches(instance_batches(cfg, instance_id), latest)
+        # where deploy runs: the launcher copies it to the driver's env
+        with mock.patch.dict(os.environ, {SINK_URL_ENV: url}):
+            ctx.progress(f"pipeline: deploying {name} (maxOffsetsPerTrigger {limit:,}) in cluster mode")
+            info = deploy(cfg, version=f"{name}-v1", wait_s=600, progress=ctx.progress)
+            instance_id = int(info["instance_id"])
+            waited = wait_caught_up(cfg, ctx.progress, max(600.0, messages / 100), name)
+            t1 = time.time()
+            memory = driver_memory(cfg, instance_id)
+            stats = throughput_from_batches(instance_batches(cfg, instance_id), latest)
     finally:
-        if saved is None:
-            os.environ.pop(SINK_URL_ENV, None)
-        else:
-            os.environ[SINK_URL_ENV] = saved
         with contextlib.suppress(RelayError):
             stop(cfg, timeout_s=120, progress=ctx.progress)
     table = check_table(url, messages, ids)

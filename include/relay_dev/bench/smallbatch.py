@@ -33,12 +33,12 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-from relay.config import RelayConfig
 from relay.errors import OperationError, RelayError
 
 from .cluster import wait_caught_up
-from .context import Context
+from .context import Context, driver_stdout
 from .overhead import checkpoint_spans
 from .pipeline import SINK_URL_ENV, json_record, package_variant, sink_database
 from .results import figure, load_average
@@ -156,20 +156,6 @@ def smallbatch_figures(relay: Mapping[str, Any], rate: Mapping[str, Any]) -> lis
 
 
 # --------------------------------------------------------------------------------- environment
-def driver_stdout(config: RelayConfig, driver_id: str) -> str:
-    """A cluster-mode driver's stdout (Python's log) from the worker's work dir, else through its UI."""
-    path = config.spark_dir / "work" / driver_id / "stdout"
-    if path.is_file():
-        return path.read_text(errors="replace")
-    from relay.launcher import spark_client
-
-    client = spark_client(config)
-    try:
-        return client.driver_log_tail(driver_id, 8 << 20, "stdout")
-    finally:
-        client.close()
-
-
 def produce_steady(bootstrap: str, topic: str, rate: float, seconds: float, ids: int) -> dict[str, Any]:
     """json_upsert's records keyed by id at ``rate`` msg/s for ``seconds``, each sent on its tick."""
     from kafka import KafkaProducer
@@ -209,27 +195,25 @@ def run_relay_side(ctx: Context, ledger_url: str, code: Path, seconds: float) ->
     cfg = ctx.config.with_(pipeline=NAME, topic=NAME, ledger_url=ledger_url)
     url = sink_database(ledger_url, f"sink_{NAME}_{uuid.uuid4().hex[:6]}")
     build_artifact(cfg, f"{NAME}-v1", pipeline_code=code)
-    saved = os.environ.get(SINK_URL_ENV)
-    os.environ[SINK_URL_ENV] = url  # deploy copies it into the driver's submission environment
     try:
-        ctx.progress(f"smallbatch: deploying {NAME} (json_upsert, PostgresUpsertSink) in cluster mode")
-        info = deploy(cfg, version=f"{NAME}-v1", wait_s=600, progress=ctx.progress)
-        instance_id = int(info["instance_id"])
-        ctx.progress(f"smallbatch: A: warm-up batch ({WARM_UP_RECORDS} records: the Python workers start)")
-        produce_steady(cfg.kafka_bootstrap, NAME, rate, WARM_UP_RECORDS / rate, IDS)
-        wait_caught_up(cfg, ctx.progress, 300, "smallbatch A warm-up")
-        time.sleep(2.0)  # its batch ends before the steady load starts
-        load0 = load_average()
-        ctx.progress(f"smallbatch: A: producing {rate:.0f} msg/s for {seconds:.0f}s (load {load0})")
-        produced = produce_steady(cfg.kafka_bootstrap, NAME, rate, seconds, IDS)
-        wait_caught_up(cfg, ctx.progress, 120, "smallbatch A")
-        time.sleep(2.5)  # the driver logs a batch's progress up to ~1 s after it ended
-        load1 = load_average()
+        # deploy copies it into the driver's submission environment
+        with mock.patch.dict(os.environ, {SINK_URL_ENV: url}):
+            ctx.progress(f"smallbatch: deploying {NAME} (json_upsert, PostgresUpsertSink) in cluster mode")
+            info = deploy(cfg, version=f"{NAME}-v1", wait_s=600, progress=ctx.progress)
+            instance_id = int(info["instance_id"])
+            ctx.progress(
+                f"smallbatch: A: warm-up batch ({WARM_UP_RECORDS} records: the Python workers start)"
+            )
+            produce_steady(cfg.kafka_bootstrap, NAME, rate, WARM_UP_RECORDS / rate, IDS)
+            wait_caught_up(cfg, ctx.progress, 300, "smallbatch A warm-up")
+            time.sleep(2.0)  # its batch ends before the steady load starts
+            load0 = load_average()
+            ctx.progress(f"smallbatch: A: producing {rate:.0f} msg/s for {seconds:.0f}s (load {load0})")
+            produced = produce_steady(cfg.kafka_bootstrap, NAME, rate, seconds, IDS)
+            wait_caught_up(cfg, ctx.progress, 120, "smallbatch A")
+            time.sleep(2.5)  # the driver logs a batch's progress up to ~1 s after it ended
+            load1 = load_average()
     finally:
-        if saved is None:
-            os.environ.pop(SINK_URL_ENV, None)
-        else:
-            os.environ[SINK_URL_ENV] = saved
         with contextlib.suppress(RelayError):
             stop(cfg, timeout_s=120, progress=ctx.progress)
     inst = Ledger(ledger_url).instance(instance_id)
