@@ -85,6 +85,9 @@ class DriverRuntime:
         # A standby's batches are empty until the handoff; after it an instance is never a standby
         # again, so only a standby's batches ask the ledger (no extra read on a running pipeline's).
         self.standby = self.instance.state.standby
+        # A stateful pipeline's standby reads in shadow (relay.stateful): its batches run, writing
+        # nothing, and it is READY once caught up; a stateless standby's batches are empty.
+        self.shadow = False
 
     # ------------------------------------------------------------------ what a driver says
     def before_query(self, spark: Any) -> None:
@@ -95,6 +98,14 @@ class DriverRuntime:
     ) -> None:
         """Apply and commit one micro-batch (raise ZombieAttemptError when this attempt is superseded)."""
         raise NotImplementedError
+
+    def shadow_batch(self, df: Any, batch_id: int, end: Offsets) -> None:
+        """A standby's batch under ``self.shadow``: run it without writing, mark READY when warm."""
+        raise NotImplementedError
+
+    def stream(self, spark: Any) -> tuple[Any, str]:
+        """The DataFrame the query writes and its output mode: the source itself, appended."""
+        return self.source_stream(spark), "append"
 
     def warm_batch(self, df: Any) -> None:
         """The warm-up batch (``warm_up_batch``): this driver's work on a batch of records it may
@@ -256,9 +267,10 @@ class DriverRuntime:
 
     def _start_query(self, spark: Any) -> Any:
         inst = self.instance
+        stream, mode = self.stream(spark)
         return (
-            self.source_stream(spark)
-            .writeStream.foreachBatch(self._batch)
+            stream.writeStream.foreachBatch(self._batch)
+            .outputMode(mode)
             .option("checkpointLocation", inst.checkpoint_dir)
             .trigger(processingTime=f"{self.read_limits()[1]} seconds")
             .queryName(inst.app_name)
@@ -270,7 +282,7 @@ class DriverRuntime:
         started = time.time()
         if self.standby:
             self.standby = self.ledger.instance(self.instance.id).state.standby
-        if self.standby:  # the source holds, so this batch is empty: nothing to apply or record
+        if self.standby and not self.shadow:  # the source holds: an empty batch, nothing to apply
             self.ledger.mark_ready(self.instance.id)  # the query runs and plans: warm
             return
         if self.batch_delay:
@@ -280,6 +292,9 @@ class DriverRuntime:
         if end is None:
             raise RelayError(f"checkpoint {ckpt} has no offsets/{batch_id}: cannot tell the batch's range")
         start = planned_offsets(ckpt, batch_id - 1) if batch_id > 0 else None
+        if self.standby:  # shadow: outside every lease, so nothing to commit in the ledger
+            self.shadow_batch(df, batch_id, end)
+            return
         try:
             self.process_batch(df, batch_id, start, end, started)
         except ZombieAttemptError as exc:

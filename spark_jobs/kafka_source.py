@@ -264,6 +264,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = batch_row_limit(limit, self.settings.max_offsets_per_trigger)
 
         def plan(guard: Any) -> PartitionOffsets | None:
+            guard = self._shadowed(guard)
             if _idle(guard):
                 return None
             return plan_batch_end(
@@ -306,7 +307,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         from relay.source_guard import read_source_guard
 
-        return read_source_guard(url, self.settings.instance_id)
+        return self._shadowed(read_source_guard(url, self.settings.instance_id))
+
+    def _shadowed(self, guard: Any) -> Any:
+        """Under ``relay.shadowRead`` a standby reads (no hold) and no floor cuts a read; caps and
+        the stop flag still apply."""
+        if guard is None or not self.settings.shadow_read:
+            return guard
+        from dataclasses import replace
+
+        return replace(guard, hold=False, floors={})
 
     def _ledger_url(self) -> str | None:
         """Relay's ledger for this instance's guard, or None when the source runs without one."""

@@ -46,6 +46,10 @@ class SourceSettings:
     """At most this many Spark tasks per batch (``relay.maxTasksPerBatch``; default: the session's
     task slots, see :func:`session_task_slots`): Kafka partitions share a task beyond that. None:
     one task per partition."""
+    shadow_read: bool = False
+    """``relay.shadowRead`` (a stateful pipeline's driver sets it): a standby plans batches instead of
+    holding, and no lease floor cuts a read, so its state is built from the warm-up start on
+    (``relay.stateful``); the ranges its sink may apply still come from its leases alone."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], default_max_tasks: int | None = None) -> SourceSettings:
@@ -113,6 +117,7 @@ class SourceSettings:
             ledger_url_env=ledger_url_env,
             instance_id=instance_id,
             max_tasks=as_int("relay.maxTasksPerBatch", default_max_tasks, 1),
+            shadow_read=as_bool("relay.shadowRead", False),
         )
         parse_starting_offsets(settings.starting_offsets, settings.topics)  # fail at definition time
         return settings

@@ -54,8 +54,18 @@ from relay.pipeline_tasks import (  # noqa: E402
 )
 from relay.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
 from relay.protocol import Ranges, commit_cursors, prepare_tasks  # noqa: E402
-from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext  # noqa: E402
+from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult  # noqa: E402
+from relay.stateful import (  # noqa: E402
+    caught_up,
+    check_stateful_sink,
+    generation,
+    state_ranges,
+    warm_up_offsets,
+    with_state_position,
+)
 
+SPARK_DEFAULT_SHUFFLE_PARTITIONS = "200"
+STATE_PARTITIONS = 2  # a stateful pipeline's state store partitions unless the session sets its own
 CRASH_BEFORE_LEDGER_COMMIT = "pipeline.before_ledger_commit"  # tests: the tasks wrote, cursors not moved
 log = logging.getLogger("relay.pipeline")
 
@@ -102,6 +112,7 @@ class PipelineDriver(DriverRuntime):
         self.sink: ExecutorSink | ForEachBatch | None = None
         self.predecessors = PredecessorCache()  # per lease, computed once
         self.taken_over: set[tuple[str, int, int]] = set()  # (topic, partition, instance) fenced
+        self.warm_up_start: str | None = None  # a stateful standby's startingOffsets, found once
 
     def limits(self) -> dict[str, tuple[float, str]]:
         """The batch settings applied and whose they are: operator > package > Relay's default."""
@@ -131,6 +142,12 @@ class PipelineDriver(DriverRuntime):
         check_transform(p, spark.createDataFrame([], kafka_source.KAFKA_SCHEMA))
         secret_values(p, os.environ)  # each one set (names the missing ones, never a value)
         sink = self.sink = p.build_sink()
+        if p.stateful:
+            try:
+                check_stateful_sink(p.name, sink)
+            except ConfigError as exc:
+                raise PipelineError(str(exc)) from exc
+            self.shadow = self.instance.state.standby
         if not isinstance(sink, ForEachBatch):
             try:
                 sink.prepare(p.name)
@@ -149,6 +166,61 @@ class PipelineDriver(DriverRuntime):
             *limits["trigger_seconds"],
         )
 
+    # ------------------------------------------------------------------ stateful (relay.stateful)
+    def stream(self, spark: Any) -> tuple[Any, str]:
+        """A stateful pipeline's transform runs on the stream (its state in the checkpoint) and the
+        sink gets each batch's updated rows; a stateless one's runs per batch (process_batch)."""
+        if self.pipeline.stateful:
+            if spark.conf.get("spark.sql.shuffle.partitions") == SPARK_DEFAULT_SHUFFLE_PARTITIONS:
+                # Spark's 200 state partitions would be 200 tasks per batch on a small cluster; the
+                # number is frozen in the checkpoint at the query's first start.
+                spark.conf.set("spark.sql.shuffle.partitions", str(STATE_PARTITIONS))
+            return self.pipeline.transform(self.source_stream(spark)), "update"
+        return super().stream(spark)
+
+    def source_options(self) -> dict[str, str]:
+        options = super().source_options()
+        if self.pipeline is not None and self.pipeline.stateful:
+            options["relay.shadowRead"] = "true"
+        return options
+
+    def _starting_offsets(self) -> str:
+        """A stateful standby starts ``warm_up_s`` back (found once); any other as the runtime's."""
+        p = self.pipeline
+        if p is None or not p.stateful or not self.ledger.instance(self.instance.id).state.standby:
+            return super()._starting_offsets()
+        if self.warm_up_start is None:
+            self.warm_up_start = warm_up_offsets(
+                self.args.bootstrap, self.args.topic, float(p.warm_up_s), int(time.time() * 1000)
+            )
+            log.info("stateful standby: warm-up reads from %s (%s s back)", self.warm_up_start, p.warm_up_s)
+        return self.warm_up_start
+
+    def warm_up(self, spark: Any) -> None:
+        """A stateful standby warms up on its own shadow batches (they build its state), not on a
+        rehearsal query whose state would be thrown away."""
+        if not self.pipeline.stateful:
+            super().warm_up(spark)
+
+    def shadow_batch(self, df: Any, batch_id: int, end: Offsets) -> None:
+        """Run the batch's tasks with no range to apply (Spark's state store advances, the sink
+        skips every row), then report READY once within one batch of the topic's end."""
+        from relay.kafka_offsets import KafkaOffsets
+
+        counts = self._write_nothing(with_state_position(df, 0, batch_id), batch_id, "a shadow batch")
+        with KafkaOffsets(self.args.bootstrap) as kafka:
+            latest = kafka.latest(self.args.topic)
+        warm = caught_up(end, latest, self.args.topic, self.read_limits()[0])
+        log.info(
+            "shadow batch %s (warm-up, nothing written): %s updated row(s) skipped; up to %s; %s",
+            batch_id,
+            counts.rows_in,
+            end,
+            "caught up: READY" if warm else "catching up",
+        )
+        if warm:
+            self.ledger.mark_ready(self.instance.id)
+
     def warm_batch(self, df: Any) -> None:
         """The warm-up batch: the transform and the sink's tasks with no range to apply, so every
         task reads, transforms and hands its rows to the sink, which skips them all (a sink's
@@ -158,19 +230,26 @@ class PipelineDriver(DriverRuntime):
         if isinstance(self.sink, ForEachBatch):
             out.count()
             return
-        ctx = TaskContext(self.pipeline.name, self.instance.id, self.attempt.epoch, -1, {})
-        counts, _ = sum_results(out.mapInArrow(partition_writer(self.sink, ctx), RESULT_SCHEMA).collect())
+        counts = self._write_nothing(out, -1, "the warm-up batch")
         log.info(
             "warm-up batch: the sink got %s row(s), wrote %s, skipped %s (outside every range)",
             counts.rows_in,
             counts.rows_written,
             counts.rows_skipped,
         )
-        if counts.rows_written:  # a sink that broke its contract: say so loudly, before any handoff
+
+    def _write_nothing(self, out: Any, batch_id: int, what: str) -> TaskResult:
+        """The sink's tasks over ``out`` with no range to apply; PipelineError if one still wrote
+        (a sink that broke its contract: said loudly, before any handoff)."""
+        p = self.pipeline
+        ctx = TaskContext(p.name, self.instance.id, self.attempt.epoch, batch_id, {})
+        counts, _ = sum_results(out.mapInArrow(partition_writer(self.sink, ctx), RESULT_SCHEMA).collect())
+        if counts.rows_written:
             raise PipelineError(
-                f"pipeline {self.pipeline.name}: its sink wrote {counts.rows_written} row(s) outside "
-                "the batch's ranges during the warm-up batch (write_task must skip them)"
+                f"pipeline {p.name}: its sink wrote {counts.rows_written} row(s) outside the batch's "
+                f"ranges during {what} (write_task must skip them)"
             )
+        return counts
 
     def process_batch(
         self, df: Any, batch_id: int, start: Offsets | None, end: Offsets, started: float
@@ -179,7 +258,11 @@ class PipelineDriver(DriverRuntime):
         t0 = time.perf_counter()
         ranges, predecessors = prepare_tasks(self.ledger, attempt, start, end, self.predecessors)
         t1 = time.perf_counter()
-        out = p.transform(df)
+        if p.stateful:  # aggregated rows: the writer's position, not the records' (relay.stateful)
+            gen = generation(lease.id for lease in self.ledger.leases(self.instance.id))
+            out, ranges = with_state_position(df, gen, batch_id), state_ranges(ranges, gen, batch_id)
+        else:
+            out = p.transform(df)
         if isinstance(self.sink, ForEachBatch):
             ctx = BatchContext(
                 p.name, self.instance.id, attempt.epoch, batch_id, ranges, self._check_fence, predecessors

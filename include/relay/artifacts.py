@@ -10,8 +10,10 @@ hash of its code.
 
 Every artifact also records ``code_hash`` (sha256 of what it froze, its own name left out: two
 versions of the same code hash the same, so a plan can say whether an upgrade changes any code) and
-``stateful``: False, since both drivers run source -> ``foreachBatch`` and apply the transform to
-each micro-batch alone: a checkpoint holds offsets, never operator state green would lose.
+``stateful``: what the pipeline declares (``Pipeline(stateful=True)``: its transform runs on the
+stream and its checkpoint holds operator state, which an upgrade rebuilds by warm-up replay, see
+``relay.stateful``); False for the reference job and every stateless pipeline, whose checkpoint
+holds offsets only.
 Which versions are kept is ``relay.operations.rollback``'s.
 """
 
@@ -153,7 +155,7 @@ def build_artifact(
                 "driver_interface": DRIVER_INTERFACE,
                 "driver": driver,
                 "code_hash": zip_code_hash(tmp / "relay_job.zip", tmp / driver),
-                "stateful": False,  # see the module's docstring
+                "stateful": bool(pipeline and pipeline.get("stateful")),
                 "pipeline": pipeline,
             }
         )
@@ -268,6 +270,8 @@ def pipeline_meta(package: Path) -> dict:
         "sink": declares["type"] or type(pipeline.sink).__name__,
         "sink_declares": declares,
         "secret_env": list(pipeline.secret_env),
+        "stateful": pipeline.stateful,
+        "warm_up_s": pipeline.warm_up_s,
         "code_hash": code_hash(package.resolve()),
         "source": str(package.resolve()),
     }

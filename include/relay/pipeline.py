@@ -139,6 +139,15 @@ class Pipeline:
     """Environment variables the sink needs (its database URL): the launcher copies them from its
     own environment into the driver's (never argv, a Spark option or a log); the sink factory reads
     them on the driver and the built sink carries the values to the tasks in its pickled closure."""
+    stateful: bool = False
+    """True: ``transform`` is applied to the STREAM (aggregations with a watermark, windowed counts),
+    its state lives in the checkpoint, and Spark hands the sink the rows each batch updated (output
+    mode ``update``). See ``relay.stateful``: the sink must be a keyed ``PostgresUpsertSink``, and an
+    upgrade's green rebuilds its state by reading ``warm_up_s`` of the topic before it writes."""
+    warm_up_s: float | None = None
+    """Stateful only: how far back (by the records' Kafka timestamps) a new version starts reading
+    before the handoff, with its writes suppressed. At least the longest window plus the watermark
+    delay, so every window still open at the handoff is whole in green's state."""
 
     def __post_init__(self) -> None:
         problems = list(_problems(self))
@@ -190,10 +199,22 @@ def _problems(p: Pipeline) -> Iterable[str]:
     t = p.trigger_seconds
     if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or t < 0):
         yield "trigger_seconds must be a number >= 0 (or None)"
+    yield from _stateful_problems(p)
     if isinstance(p.secret_env, str) or not all(isinstance(e, str) and _ENV.match(e) for e in p.secret_env):
         yield "secret_env must be a tuple of environment variable names (A-Z, 0-9, _)"
     else:
         object.__setattr__(p, "secret_env", tuple(p.secret_env))
+
+
+def _stateful_problems(p: Pipeline) -> Iterable[str]:
+    if not isinstance(p.stateful, bool):
+        yield "stateful must be True or False"
+        return
+    w = p.warm_up_s
+    if p.stateful and (w is None or isinstance(w, bool) or not isinstance(w, int | float) or w <= 0):
+        yield "a stateful pipeline needs warm_up_s, seconds > 0 (its longest window plus watermark delay)"
+    if not p.stateful and w is not None:
+        yield "warm_up_s is for stateful pipelines only (set stateful=True, or drop warm_up_s)"
 
 
 def operator_limits(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -231,7 +252,8 @@ def missing_columns(columns: Iterable[str]) -> list[str]:
 
 def check_transform(pipeline: Pipeline, source_df: Any) -> Any:
     """Apply the transform to ``source_df`` (an empty DataFrame with the source's schema) on the
-    driver, so a broken transform or a dropped column fails at start, not in a task hours later."""
+    driver, so a broken transform or a dropped column fails at start, not in a task hours later.
+    A stateful transform's output is aggregated: it keeps no source columns (``relay.stateful``)."""
     try:
         out = pipeline.transform(source_df)
     except Exception as exc:  # noqa: BLE001 - the user's code: report whatever it raised
@@ -243,7 +265,7 @@ def check_transform(pipeline: Pipeline, source_df: Any) -> Any:
         raise PipelineError(
             f"pipeline {pipeline.name}: transform must return a DataFrame, got {type(out).__name__}"
         )
-    missing = missing_columns(columns)
+    missing = [] if pipeline.stateful else missing_columns(columns)
     if missing:
         raise PipelineError(
             f"pipeline {pipeline.name}: the transform's output lacks the column(s) {', '.join(missing)}; "

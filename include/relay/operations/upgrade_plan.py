@@ -180,7 +180,7 @@ def _target(config: RelayConfig, art: Artifact, blocked: list[str]) -> dict[str,
         blocked.append(f"the current code can't be built as {art.version}: {exc}")
         return out
     blocked += deploy_problems(config, art.version, meta)
-    stateful = False  # what build_artifact records today (see relay.artifacts)
+    stateful = bool(meta and meta.get("stateful"))  # what build_artifact will record
     out["contract"] = _contract(config, meta, PIPELINE_DRIVER if meta else REFERENCE_DRIVER, stateful)
     return out
 

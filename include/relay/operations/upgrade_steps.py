@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 
+from relay.artifacts import artifact
 from relay.config import RelayConfig
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError, OperationError
@@ -167,12 +168,16 @@ def _handoff(
         blue, planned = ledger.lock_planned(blue.id, conn)
         if blue.state is not InstanceState.ACTIVE:
             raise OperationError(f"blue (instance {blue.id}) is {blue.state.value}, not ACTIVE: no handoff")
-        green = ledger.instance(green.id, conn, lock=True)
+        # Green's row too: a stateful green's source plans shadow batches under it (relay.stateful).
+        green, green_planned = ledger.lock_planned(green.id, conn)
         if green.state is not InstanceState.READY:
             raise OperationError(f"green (instance {green.id}) is {green.state.value}, not READY: no handoff")
         open_leases = [lease for lease in ledger.leases(blue.id, conn) if lease.end_offset is None]
         blue_cursors = {str(lease.partition): lease.next_offset for lease in open_leases}
-        h = {lease.partition: handoff_offset(lease, planned, explicit, latest) for lease in open_leases}
+        h = {
+            lease.partition: handoff_offset(lease, planned, explicit, latest, green_planned)
+            for lease in open_leases
+        }
         for lease in open_leases:
             ledger.close_lease(conn, lease, h[lease.partition])
         for partition, offset in sorted(h.items()):
@@ -186,26 +191,34 @@ def _handoff(
             conn=conn,
             blue_cursors=blue_cursors,
             blue_planned={str(p): planned.get(config.topic, {}).get(p) for p in sorted(h)},
+            green_planned={str(p): green_planned.get(config.topic, {}).get(p) for p in sorted(h)},
             handoff={str(p): o for p, o in h.items()},
             handoff_at=time.time(),
         )
 
 
 def handoff_offset(
-    lease: Lease, planned: Offsets, explicit: dict[int, int] | None, latest: dict[int, int]
+    lease: Lease,
+    planned: Offsets,
+    explicit: dict[int, int] | None,
+    latest: dict[int, int],
+    green_planned: Offsets | None = None,
 ) -> int:
-    """H of one of blue's open leases: at or above its cursor and blue's planned end there.
+    """H of one of blue's open leases: at or above its cursor and blue's planned end there, and at
+    or above green's planned end (a stateful green reads ahead in shadow, ``relay.stateful``: a
+    record it read below H would be in a batch it never writes, and blue stops at H).
 
-    ``latest`` (Kafka's end, read before blue's row was locked) is raised to both: blue may have
-    planned, and even committed, past it since. An explicit H below either is refused (ConfigError:
+    ``latest`` (Kafka's end, read before blue's row was locked) is raised to all three: blue may have
+    planned, and even committed, past it since. An explicit H below one is refused (ConfigError:
     the upgrade aborts, nothing moved): the operator asked for that H, and raising it would change
     which version applies which offsets behind their back.
     """
     cursor = lease.next_offset
     end = planned.get(lease.topic, {}).get(lease.partition, cursor)
+    shadow = (green_planned or {}).get(lease.topic, {}).get(lease.partition, 0)
     where = f"{lease.topic}[{lease.partition}]"
     if explicit is None or lease.partition not in explicit:
-        return max(latest.get(lease.partition, cursor), cursor, end)
+        return max(latest.get(lease.partition, cursor), cursor, end, shadow)
     target = explicit[lease.partition]
     if target < cursor:
         raise ConfigError(
@@ -216,6 +229,11 @@ def handoff_offset(
         raise ConfigError(
             f"handoff offset {target} of {where} is below {end}, the end of a batch blue has "
             f"already planned (it may be running): hand off at {end} or later, or at latest"
+        )
+    if target < shadow:
+        raise ConfigError(
+            f"handoff offset {target} of {where} is below {shadow}, where green has already read "
+            f"(warming its state): hand off at {shadow} or later, or at latest"
         )
     return target
 
@@ -285,11 +303,17 @@ def abort(config: RelayConfig, ledger: Ledger, op_id: int, reason: str, progress
         ledger.fence(green_id, f"upgrade {op['id']} aborted: {reason}")  # from here green cannot commit
         kill(config, green.submission_id)
     handoff = {int(p): o for p, o in op["data"].get("handoff", {}).items()}
+    # A stateful blue needs new leases (higher ids: a newer writer generation) even where green
+    # applied nothing: green's tasks may have written rows it never committed (relay.stateful).
+    stateful = bool(artifact(config, ledger.instance(blue_id).version).metadata().get("stateful"))
     with ledger.tx() as conn:
         resume: dict[int, int] = {}
+        unapplied = []  # deleted last: on SQLite a new lease would take a deleted max id again
         for lease in ledger.leases(green_id, conn) if green_id is not None else []:
             if lease.next_offset == lease.start_offset:
-                ledger.delete_lease(conn, lease)
+                if lease.end_offset is None:
+                    ledger.close_lease(conn, lease, lease.start_offset)  # empty: overlaps nothing
+                unapplied.append(lease)
             else:  # applied by green: stays green's, closed where it stopped
                 ledger.close_lease(conn, lease, lease.next_offset)
                 resume[lease.partition] = max(resume.get(lease.partition, 0), lease.next_offset)
@@ -305,8 +329,12 @@ def abort(config: RelayConfig, ledger: Ledger, op_id: int, reason: str, progress
                     lease.partition,
                     resume[lease.partition],
                 )
+            elif stateful:
+                ledger.open_lease(conn, blue, lease.topic, lease.partition, lease.end_offset)
             else:
                 ledger.reopen_lease(conn, lease)
+        for lease in unapplied:
+            ledger.delete_lease(conn, lease)
         if blue.state is InstanceState.DRAINING:
             ledger.set_instance(blue_id, conn, state=InstanceState.ACTIVE)
         op = ledger.move_operation(

@@ -1,0 +1,105 @@
+"""Stateful pipelines: operator state that survives an upgrade, by warm-up replay.
+
+A stateful pipeline (``Pipeline(stateful=True, warm_up_s=...)``) applies its transform to the
+stream, so Spark keeps the aggregation's state in the instance's checkpoint and hands each batch's
+UPDATED rows (output mode ``update``) to the sink. A new version starts with an empty checkpoint, so
+without help its first windows would be counted from the handoff on only. Relay's answer:
+
+1. **Shadow reading.** Green, while a warm standby, starts its source ``warm_up_s`` back (by the
+   records' Kafka timestamps, :func:`warm_up_offsets`) and reads on, outside any lease, with its
+   writes suppressed (the tasks run, so Spark's state store advances, with no range to apply). Its
+   source records each batch's planned end under green's row lock, as blue's does. Green reports
+   READY once it has caught up to within one batch of the topic's end.
+2. **The handoff takes H at or above green's planned ends** as well as blue's, in the same locked
+   transaction: green has read nothing at or past H, so every record from H on is in a batch green
+   writes, and every record below H in one blue writes.
+3. **Newer writer wins, by group key.** Output rows carry no single source record, so the sink's
+   source position is the WRITER's: ``(relay-state, generation, batch id)`` where the generation is
+   the highest lease id of the writing instance (:func:`generation`). Lease ids only grow and every
+   takeover opens leases, so green (leases opened at the handoff) beats blue's drain, a rollback's
+   instance beats both, and blue after an aborted upgrade (Relay opens it a new lease) beats green.
+   Within one writer a later batch wins, and a replayed batch writes the same values again (the
+   state is restored from the checkpoint): a no-op. ``PostgresUpsertSink`` keeps exactly this rule.
+
+Why the results match a run without an upgrade: a window still open at H gets records only at or
+after ``H - warm_up_s``, all of which green read, so green's value for it is whole and wins; a window
+closed before H is blue's, written whole. The rule a pipeline must keep: ``warm_up_s`` at least the
+longest window plus the watermark delay, and records' event times close to their Kafka timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from relay.errors import ConfigError, KafkaError
+
+STATE_TOPIC = "relay-state"  # the _relay_topic of every row a stateful pipeline writes
+Ranges = Mapping[tuple[str, int], tuple[int, int]]
+
+
+def generation(lease_ids: Iterable[int]) -> int:
+    """The writer's generation: the highest id among the instance's leases (0: none yet)."""
+    return max(lease_ids, default=0)
+
+
+def state_ranges(source_ranges: Ranges, gen: int, batch_id: int) -> dict[tuple[str, int], tuple[int, int]]:
+    """The sink's ranges for one batch of aggregated rows: the writer's position when the batch
+    holds any record this instance may apply, else none (a shadow batch: every row skipped)."""
+    if not source_ranges:
+        return {}
+    return {(STATE_TOPIC, gen): (batch_id, batch_id + 1)}
+
+
+def with_state_position(df: Any, gen: int, batch_id: int) -> Any:
+    """``df`` (a batch of aggregated rows) with the source columns the sink orders writes by."""
+    from pyspark.sql import functions as F
+
+    return (
+        df.withColumn("topic", F.lit(STATE_TOPIC))
+        .withColumn("partition", F.lit(gen).cast("int"))
+        .withColumn("offset", F.lit(batch_id).cast("long"))
+    )
+
+
+def check_stateful_sink(pipeline_name: str, sink: object) -> None:
+    """Only a keyed upsert keeps "newer writer wins" by group key (ConfigError otherwise)."""
+    from relay.sinks.postgres_upsert import PostgresUpsertSink
+
+    if not isinstance(sink, PostgresUpsertSink):
+        raise ConfigError(
+            f"pipeline {pipeline_name} is stateful: its sink must be a PostgresUpsertSink keyed by the "
+            f"aggregation's group columns (newer writer wins), not {type(sink).__name__}"
+        )
+
+
+def warm_up_offsets(bootstrap: str, topic: str, seconds: float, now_ms: int) -> str:
+    """startingOffsets JSON of a stateful standby: per partition, the first offset whose Kafka
+    timestamp is at or after ``now - seconds`` (the partition's end when it has none that late)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError as VendorKafkaError
+
+    since = max(int(now_ms - seconds * 1000), 0)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            raise KafkaError(f"topic {topic} has no partitions (or does not exist): no warm-up start")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        found = consumer.offsets_for_times(dict.fromkeys(tps, since))
+        ends = consumer.end_offsets(tps)
+    except VendorKafkaError as exc:
+        raise KafkaError(f"cannot find the warm-up start of {topic}: {exc}") from exc
+    finally:
+        consumer.close()
+    start = {str(tp.partition): (found[tp].offset if found.get(tp) else ends[tp]) for tp in tps}
+    return json.dumps({topic: start})
+
+
+def caught_up(
+    end: Mapping[str, Mapping[int, int]], latest: Mapping[int, int], topic: str, slack: int
+) -> bool:
+    """A shadow batch ending at ``end`` is within ``slack`` records of the topic's ``latest`` ends."""
+    lag = sum(max(latest[p] - end.get(topic, {}).get(p, 0), 0) for p in latest)
+    return lag <= slack

@@ -1,0 +1,170 @@
+"""A stateful pipeline (examples/window_counts) upgraded blue-green under load, on real parts.
+
+Windowed counts per key are upserted into PostgreSQL. Green starts ``warm_up_s`` back and reads in
+shadow (writing nothing) until the handoff, so the windows open at H are whole in its state. The
+table at the end must equal the counts computed from every record in Kafka -- what a run without an
+upgrade gives -- and at least one window spanning H must hold green's count: without the warm-up
+green would have counted only its records from H on and, as the newer writer, overwritten blue's.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from relay.artifacts import build_artifact
+from relay.audit import audit, render
+from relay.config import PROJECT_ROOT, RelayConfig
+from relay.kafka_offsets import KafkaOffsets
+from relay.ledger.store import Ledger
+from relay.operations.deploy import deploy
+from relay.operations.inventory import master_apps
+from relay.operations.stop import stop
+from relay.operations.upgrade import UpgradeState, upgrade
+from relay.stateful import STATE_TOPIC
+from relay_dev.bench.context import driver_stdout
+
+from tests.conftest import wait_for
+from tests.integration.helpers import Load, caught_up, pipeline_run
+from tests.integration.json_users import libpq
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = PROJECT_ROOT / "examples" / "window_counts"
+WORDS = [f"w{i}" for i in range(8)]
+Windows = dict[tuple[int, str], int]
+
+
+class WordLoad(Load):
+    """Keyed records (one of WORDS each) at ~50/s: the window counts' workload."""
+
+    def send_some(self) -> int:
+        return send_words(self.cfg, 50, rate=50.0)
+
+
+def send_words(cfg: RelayConfig, count: int, rate: float | None = None) -> int:
+    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all", linger_ms=5)
+    t0 = time.monotonic()
+    try:
+        for i in range(count):
+            producer.send(cfg.topic, key=WORDS[i % len(WORDS)].encode(), value=b"1")
+            if rate and i % 10 == 9:
+                time.sleep(max(0.0, (i + 1) / rate - (time.monotonic() - t0)))
+        producer.flush(60)
+    finally:
+        producer.close()
+    return count
+
+
+def kafka_windows(cfg: RelayConfig) -> tuple[Windows, list[tuple[int, int, int, str]]]:
+    """The counts a run without an upgrade gives: every record, by key and 10 s window of its
+    timestamp; and the records as (partition, offset, window_start, word)."""
+    with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
+        ends = kafka.latest(cfg.topic)
+    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap, enable_auto_commit=False)
+    tps = [TopicPartition(cfg.topic, p) for p in sorted(ends)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    records: list[tuple[int, int, int, str]] = []
+    try:
+        while any(consumer.position(tp) < ends[tp.partition] for tp in tps):
+            for tp, batch in consumer.poll(timeout_ms=1000).items():
+                for r in batch:
+                    if r.offset < ends[tp.partition] and r.key is not None:
+                        records.append((r.partition, r.offset, r.timestamp // 10_000 * 10, r.key.decode()))
+    finally:
+        consumer.close()
+    return dict(Counter((w, word) for _, _, w, word in records)), records
+
+
+def table(url: str) -> dict[tuple[int, str], tuple[int, str, int]]:
+    """(window_start, word) -> (n, the writer's _relay_topic, its generation)."""
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT window_start, word, n, _relay_topic, _relay_partition FROM window_counts")
+        return {(w, word): (n, topic, gen) for w, word, n, topic, gen in cur.fetchall()}
+
+
+@pytest.fixture()
+def window_counts(
+    pipeline_config: RelayConfig, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[RelayConfig, Path, str]]:
+    """The example as the user's package under this test's pipeline and topic, and its table in a
+    database of its own."""
+    cfg = pipeline_config
+    package = cfg.data_dir / f"{cfg.pipeline}-project" / f"window_counts_{cfg.pipeline}"
+    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = package / "pipeline.py"
+    text = code.read_text()
+    for old, new in (
+        ('NAME = "window_counts"', f'NAME = "{cfg.pipeline}"'),
+        ('TOPIC = "window_counts"', f'TOPIC = "{cfg.topic}"'),
+    ):
+        assert old in text, f"the example no longer has {old!r}"
+        text = text.replace(old, new)
+    code.write_text(text)
+    admin = psycopg2.connect(libpq(postgres_url))
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {cfg.pipeline}")
+    admin.close()
+    url = libpq(postgres_url).rsplit("/", 1)[0] + f"/{cfg.pipeline}"
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute((EXAMPLE / "schema.sql").read_text())
+    monkeypatch.setenv("WINDOW_COUNTS_SINK_URL", url)
+    with pipeline_run(cfg):
+        yield cfg, package, url
+
+
+def test_stateful_upgrade_under_load_matches_a_run_without_one(
+    window_counts: tuple[RelayConfig, Path, str],
+) -> None:
+    cfg, package, url = window_counts  # pipeline_run prints the drivers' output if this fails
+    ledger = Ledger(cfg.ledger_url)
+    v1, v2 = f"{cfg.pipeline}-s1", f"{cfg.pipeline}-s2"
+    art = build_artifact(cfg, v1, pipeline_code=package)
+    assert art.metadata()["stateful"] is True and art.pipeline["warm_up_s"] == 60.0
+    with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
+        kafka.ensure_topic(cfg.topic, cfg.partitions)
+    send_words(cfg, 400)
+    blue_id = deploy(cfg, version=v1, wait_s=300)["instance_id"]
+    wait_for("the backlog to be counted", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
+
+    build_artifact(cfg, v2, pipeline_code=package)
+    with WordLoad(cfg):
+        result = upgrade(cfg, v2, grace_s=300, drain_timeout_s=240)
+        assert result["state"] == UpgradeState.DONE.value, result
+        send_words(cfg, 100)  # windows open at H keep getting records after it
+    wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
+
+    green = ledger.instance(result["green_id"])
+    log = driver_stdout(cfg, green.submission_id or "")
+    shadow = re.findall(r"shadow batch \d+ \(warm-up, nothing written\): (\d+) updated row", log)
+    assert shadow and "caught up: READY" in log, "green built no state before the handoff"
+    assert result.get("green_planned") is not None, result
+
+    expected, records = kafka_windows(cfg)
+    got = table(url)
+    assert {k: v[0] for k, v in got.items()} == expected, "the counts differ from a run without an upgrade"
+    assert {v[1] for v in got.values()} == {STATE_TOPIC}
+    green_gen = max(lease.id for lease in ledger.leases(green.id))
+    blue_gen = max(lease.id for lease in ledger.leases(blue_id))
+    h = {int(p): o for p, o in result["handoff"].items()}
+    before = {(w, word) for p, off, w, word in records if off < h[p]}
+    after = {(w, word) for p, off, w, word in records if off >= h[p]}
+    spanning = before & after
+    assert spanning, "no window got records on both sides of H: the test proves nothing"
+    by_green = [k for k in spanning if got[k][2] == green_gen]
+    assert by_green, f"no window spanning H holds green's count ({blue_gen=} {green_gen=})"
+    assert {got[k][2] for k in got} <= {blue_gen, green_gen}
+
+    report = audit(cfg, ledger, deep=True)
+    assert report.ok and report.totals["duplicates"] == 0, render(report.to_json())
+    assert [a.name for a in master_apps(cfg, cfg.pipeline)] == [green.app_name]
+    assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]

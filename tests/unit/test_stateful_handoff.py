@@ -1,0 +1,143 @@
+"""Stateful pipelines (relay.stateful): the contract's checks, the writer's position, and the ledger
+side of warm-up replay -- a standby that reads in shadow records its planned ends under its own row
+lock, and the handoff takes H at or above them, so green never read a record at or past H in a
+batch it does not write. On a real ledger (SQLite); the whole upgrade is
+tests/integration/test_stateful_upgrade.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kafka_source import KafkaStreamReader
+from kafka_source_options import SourceSettings
+from relay.config import RelayConfig, load_config
+from relay.errors import ConfigError
+from relay.ledger.models import Color, Instance, InstanceState
+from relay.ledger.store import Ledger
+from relay.operations import upgrade_steps
+from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff
+from relay.pipeline import ForEachBatch, Pipeline, PipelineError, check_transform
+from relay.sinks.postgres_upsert import PostgresUpsertSink
+from relay.source_guard import SourceGuard, plan_under_guard
+from relay.stateful import STATE_TOPIC, caught_up, check_stateful_sink, generation, state_ranges
+
+from tests.unit.test_handoff_planned_end import FakeKafka
+from tests.unit.test_pipeline_contract import FakeSink, identity
+
+P = T = "p"
+
+
+@pytest.fixture()
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RelayConfig:
+    monkeypatch.setattr(upgrade_steps, "KafkaOffsets", FakeKafka)
+    monkeypatch.setattr(FakeKafka, "latest_offsets", {0: 60})
+    return load_config({"RELAY_DATA_DIR": str(tmp_path), "RELAY_PIPELINE": P, "RELAY_TOPIC": T})
+
+
+@pytest.fixture()
+def ledger(config: RelayConfig) -> Iterator[Ledger]:
+    led = Ledger(config.ledger_url, create=True)
+    yield led
+    led.close()
+
+
+def _blue_green(ledger: Ledger) -> tuple[Instance, Instance, int]:
+    with ledger.tx() as conn:
+        blue = ledger.create_instance(conn, P, "v1", Color.BLUE, "", "b", state=InstanceState.ACTIVE)
+        lease = ledger.open_lease(conn, blue, T, 0, 0)
+        ledger.advance_cursor(conn, lease, 40)
+        green = ledger.create_instance(conn, P, "v2", Color.GREEN, "", "g", state=InstanceState.READY)
+    params = {"version": "v2", "handoff": "latest", "grace_s": 60.0, "drain_timeout_s": 60.0}
+    op = ledger.open_operation(P, "upgrade", UpgradeState.GREEN_READY.value, params, {}, ALL_TERMINAL)
+    return blue, green, op["id"]
+
+
+def test_the_handoff_takes_h_at_or_above_where_a_shadow_reading_green_has_planned(
+    config: RelayConfig, ledger: Ledger
+) -> None:
+    blue, green, op_id = _blue_green(ledger)
+    plan_under_guard(config.ledger_url, green.id, lambda _: {(T, 0): 75})  # green read ahead of latest
+    _handoff(config, ledger, op_id, blue, green, None)
+    data = ledger.operation(op_id)["data"]
+    assert data["handoff"] == {"0": 75} and data["green_planned"] == {"0": 75}
+    assert [(g.start_offset, g.end_offset) for g in ledger.leases(green.id)] == [(75, None)]
+
+
+def test_an_explicit_h_below_greens_shadow_position_is_refused_and_changes_nothing(
+    config: RelayConfig, ledger: Ledger
+) -> None:
+    blue, green, op_id = _blue_green(ledger)
+    plan_under_guard(config.ledger_url, green.id, lambda _: {(T, 0): 75})
+    with pytest.raises(ConfigError, match="below 75, where green has already read"):
+        _handoff(config, ledger, op_id, blue, green, {0: 50})
+    assert ledger.leases(green.id) == [] and ledger.instance(green.id).state is InstanceState.READY
+    assert [lease.end_offset for lease in ledger.leases(blue.id)] == [None]
+
+
+def test_a_shadow_reading_standby_plans_instead_of_holding_and_reads_below_its_floors() -> None:
+    base = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": T}
+    held = SourceGuard(stop_requested=False, floors={T: {0: 50}}, hold=True)
+    plain = KafkaStreamReader(SourceSettings.from_options(base))
+    shadow = KafkaStreamReader(SourceSettings.from_options(base | {"relay.shadowRead": "true"}))
+    assert plain._shadowed(held) is held
+    assert shadow._shadowed(held) == SourceGuard(stop_requested=False, floors={}, hold=False)
+    stopping = SourceGuard(stop_requested=True, caps={T: {0: 9}}, hold=True)
+    assert shadow._shadowed(stopping).stop_requested and shadow._shadowed(stopping).caps == {T: {0: 9}}
+    with pytest.raises(ConfigError, match="relay.shadowRead"):
+        SourceSettings.from_options(base | {"relay.shadowRead": "yes"})
+
+
+def test_the_writers_position_orders_generations_then_batches_and_a_shadow_batch_writes_nothing() -> None:
+    assert generation([3, 9, 4]) == 9 and generation([]) == 0
+    assert state_ranges({}, 9, 5) == {}  # no record of the batch is the instance's: a shadow batch
+    assert state_ranges({(T, 0): (10, 20)}, 9, 5) == {(STATE_TOPIC, 9): (5, 6)}
+    assert caught_up({T: {0: 95, 1: 50}}, {0: 100, 1: 50}, T, 5)
+    assert not caught_up({T: {0: 90}}, {0: 100, 1: 50}, T, 5)
+
+
+def test_a_stateful_pipeline_declares_its_warm_up_and_keeps_no_source_columns() -> None:
+    fields = {"name": "w", "topics": ("w",), "transform": identity, "sink": FakeSink()}
+    with pytest.raises(PipelineError, match="needs warm_up_s"):
+        Pipeline(**fields, stateful=True)
+    with pytest.raises(PipelineError, match="warm_up_s is for stateful pipelines only"):
+        Pipeline(**fields, warm_up_s=60)
+    with pytest.raises(PipelineError, match="stateful must be True or False"):
+        Pipeline(**fields, stateful="yes")
+    aggregated = type("Df", (), {"columns": ["window_start", "word", "n"]})()
+    stateful = Pipeline(**(fields | {"transform": lambda df: aggregated}), stateful=True, warm_up_s=60)
+    assert check_transform(stateful, object()) is aggregated
+    with pytest.raises(PipelineError, match="lacks the column"):
+        check_transform(Pipeline(**(fields | {"transform": lambda df: aggregated})), object())
+
+
+def test_only_a_keyed_postgres_upsert_may_take_a_stateful_pipelines_rows() -> None:
+    check_stateful_sink("w", PostgresUpsertSink("postgresql://u@127.0.0.1:9/db", "t", key=["k"]))
+    for sink in (FakeSink(), ForEachBatch(lambda df, ctx: 0)):
+        with pytest.raises(ConfigError, match="must be a PostgresUpsertSink"):
+            check_stateful_sink("w", sink)
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_an_aborted_upgrade_gives_a_stateful_blue_new_leases_so_it_outranks_green(
+    config: RelayConfig, ledger: Ledger, stateful: bool
+) -> None:
+    """Green's tasks may have written rows it never committed in the ledger: with the same leases
+    blue's generation would stay below green's and its counts would lose to green's for good."""
+    folder = config.data_dir / "artifacts" / "v1"
+    folder.mkdir(parents=True)
+    (folder / "artifact.json").write_text(json.dumps({"version": "v1", "stateful": stateful}))
+    blue, green, op_id = _blue_green(ledger)
+    _handoff(config, ledger, op_id, blue, green, None)
+    (green_lease,) = ledger.leases(green.id)
+    ledger.move_operation(op_id, UpgradeState.GREEN_STARTING.value, blue_id=blue.id, green_id=green.id)
+    op = upgrade_steps.abort(config, ledger, op_id, "test: green too slow")
+    assert op["state"] == UpgradeState.ABORTED.value and ledger.leases(green.id) == []
+    leases = sorted((lease.id, lease.start_offset, lease.end_offset) for lease in ledger.leases(blue.id))
+    if stateful:  # [0, 60) drains, then a new lease from H on, newer than green's
+        assert [(start, end) for _, start, end in leases] == [(0, 60), (60, None)]
+        assert generation(i for i, _, _ in leases) > green_lease.id
+    else:  # the same lease, reopened
+        assert [(start, end) for _, start, end in leases] == [(0, None)]
