@@ -167,7 +167,7 @@ def driver_errors(url: str, what: str, fence_wait_s: float) -> Iterator[None]:
         raise SinkError(f"{what}: {message}") from exc
 
 
-# ---- Arrow batches staged through COPY (PostgresUpsertSink.write_arrow) ---------------------------
+# ---- Arrow batches staged through COPY (relay.sinks.pg_arrow) -------------------------------------
 # Which Arrow values reach a column through CSV exactly as the row path writes their Python values.
 # PostgreSQL type OIDs: int2 21, int4 23, int8 20, numeric 1700, float4 700, float8 701, bool 16,
 # text 25, varchar 1043. An integer is the same number in any of the numeric types (or its digits in

@@ -15,7 +15,7 @@ Each Spark task writes its rows in ONE transaction on a pooled connection:
 
 Spark tasks call ``write_arrow`` with their Arrow batches instead: the same transaction and rules,
 with the rows filtered by vectorised kernels, sent by ``COPY`` into a temp table and deduplicated
-and upserted by one statement (see its docstring); it hands ``write_task`` what it can't carry.
+and upserted by one statement (``relay.sinks.pg_arrow``); it hands ``write_task`` what it can't carry.
 
 The rule ("newest wins"): a row replaces the stored row of its key only when its source position
 ``(topic, partition, offset)`` is greater, comparing topics bytewise (``COLLATE "C"``), then the
@@ -30,11 +30,10 @@ partition 1 wins over a later one of partition 0.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg2
 import psycopg2.errors
@@ -45,7 +44,7 @@ from psycopg2.extras import execute_values
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError
 from relay.ledger.engine import safe_url
-from relay.sinks import pg_conn
+from relay.sinks import pg_arrow, pg_conn
 from relay.sinks import pg_schema as ps
 from relay.sinks import pg_values as pv
 from relay.sinks.base import (
@@ -59,8 +58,7 @@ from relay.sinks.base import (
 DEFAULT_PAGE_SIZE = 2000
 DEFAULT_FENCE_WAIT_S = 600.0
 CRASH_BEFORE_COMMIT = "pg_sink.before_commit"  # tests: die with the rows sent, uncommitted
-_FALLBACKS_LOGGED: set[str] = set()  # why write_arrow used the row path, logged once per process
-log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class PostgresUpsertSink:
@@ -191,9 +189,7 @@ class PostgresUpsertSink:
             return execute_values(cur, stmt, values, page_size=self.page_size, fetch=True)
 
         try:
-            returned = pg_conn.retried_transaction(
-                self._url, work, lambda: crash_point(CRASH_BEFORE_COMMIT), (FencedWriteError, pv.NotStaged)
-            )
+            returned = self._fenced_transaction(work)
         except psycopg2.Error as exc:
             target = ps.qualified(self.schema, self.table)
             where = self._where_writing(ctx)
@@ -203,85 +199,8 @@ class PostgresUpsertSink:
 
     def write_arrow(self, ctx: TaskContext, batches: Iterable[Any]) -> TaskResult:
         """``write_task`` for the pyarrow RecordBatches a Spark task gets (``mapInArrow``): the same
-        transaction, fence and rules, without a Python object per row or value.
-
-        Why: building dict rows, adapting each value and rendering ``VALUES`` were most of a task's
-        write. Here the rows inside ``ctx.ranges`` are kept by vectorised filters, written as CSV by
-        pyarrow and sent with ``COPY`` into a temp table of the connection typed like the target;
-        one statement then upserts them, one row per key (the highest position) in key order, newest
-        wins. Whatever this path does not handle (a column type, a NULL key or source column) or
-        any database error goes to ``write_task`` with the same rows, which writes them or raises
-        its error naming the column; nothing of the failed try was committed.
-        """
-        seen: list[Any] = []  # every batch, for the row path
-
-        def fallback(why: str, detail: str = "") -> TaskResult:
-            seen.extend(batches)
-            if why not in _FALLBACKS_LOGGED:  # once per process and reason (the detail may vary)
-                _FALLBACKS_LOGGED.add(why)
-                log.info("%s: rows written one by one (%s%s)", ps.shown(self.schema, self.table), why, detail)
-            return self.write_task(ctx, (row for b in seen for row in b.to_pylist()))
-
-        batches = iter(batches)
-        first = next(batches, None)
-        if first is None:
-            return TaskResult()
-        seen.append(first)
-        names = list(first.schema.names)
-        columns = self.columns or tuple(n for n in names if n not in SOURCE_COLUMNS)
-        wanted = [*columns, *SOURCE_COLUMNS]
-        kinds = [pv.arrow_kind(first.schema.field(n).type) if n in names else None for n in wanted]
-        try:
-            ps.check_columns(columns, "the row's")  # the row path names what is wrong
-        except ConfigError:
-            kinds = [None]
-        if None in kinds or len(set(names)) != len(names) or not set(self.key) <= set(columns):
-            return fallback("a column is missing, reserved or of a type staged rows can't carry")
-        result, kept = TaskResult(), []
-        for batch in pv.chain_first(first, batches, seen):
-            result.rows_in += batch.num_rows
-            try:
-                inside = pv.in_ranges(batch, ctx.ranges)
-            except Exception:  # noqa: BLE001 - pyarrow: source columns of unexpected types
-                inside = None
-            if inside is None or any(inside.column(k).null_count for k in self.key):
-                return fallback("a NULL key or source column, or a source column of another type")
-            result.rows_skipped += batch.num_rows - inside.num_rows
-            if inside.num_rows:
-                kept.append(pv.csv_of(inside, wanted))
-        if not kept:
-            return result
-        staged = sum(b.num_rows for b in seen) - result.rows_skipped
-        stage = ps.stage_name(self.schema, self.table, columns)
-        create, types, drop = ps.stage_sql(stage, self.schema, self.table, columns)
-
-        def work(cur: psycopg2.extensions.cursor) -> tuple[int, int, int]:
-            cur.execute(create)
-            cur.execute(types)
-            oids = [d.type_code for d in cur.description]
-            half = len(oids) // 2
-            if oids[:half] != oids[half:]:  # the target changed since this connection staged for it
-                cur.execute(drop)
-                cur.execute(create)
-            text_keys = pv.staged_text_keys(kinds, oids[half:], wanted, self.key)
-            if text_keys is None:
-                raise pv.NotStaged
-            for csv in kept:
-                cur.copy_expert(ps.copy_sql(stage, columns), pv.CopyReader(csv), size=1 << 20)
-            self._check_fence(cur, ctx)
-            cur.execute(ps.staged_upsert_sql(self.schema, self.table, stage, columns, self.key, text_keys))
-            distinct, written, inserted = cur.fetchone()
-            return int(distinct), int(written), int(inserted)
-
-        try:
-            distinct, written, inserted = pg_conn.retried_transaction(
-                self._url, work, lambda: crash_point(CRASH_BEFORE_COMMIT), (FencedWriteError, pv.NotStaged)
-            )
-        except pv.NotStaged:
-            return fallback("a column's type in the table takes its values differently from CSV")
-        except psycopg2.Error as exc:
-            return fallback("the staged write failed", f": {pv.message_of(exc, self._url)}")
-        return self._counted(result, distinct, written, inserted, staged - distinct)
+        transaction, fence and rules, without a Python object per row or value (``relay.sinks.pg_arrow``)."""
+        return pg_arrow.write_arrow(self, ctx, batches)
 
     @staticmethod
     def _counted(
@@ -379,6 +298,13 @@ class PostgresUpsertSink:
             raise FencedWriteError(f"{who} is fenced in the sink: {task}")
         if epoch != ctx.epoch:
             raise FencedWriteError(f"{who} is at epoch {epoch} in the sink: {task}")
+
+    def _fenced_transaction(self, work: Callable[[psycopg2.extensions.cursor], _T]) -> _T:
+        """``work`` then COMMIT, retried (``pg_conn.retried_transaction``); a fenced task and a task
+        the staged path can't carry roll back at once. Both write paths commit through here."""
+        return pg_conn.retried_transaction(
+            self._url, work, lambda: crash_point(CRASH_BEFORE_COMMIT), (FencedWriteError, pv.NotStaged)
+        )
 
     def _errors(self, what: str) -> AbstractContextManager[None]:
         where = f"{what} of the sink {ps.shown(self.schema, self.table)} at {self.url}"
