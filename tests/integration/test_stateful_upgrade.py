@@ -1,4 +1,4 @@
-"""A stateful pipeline (examples/window_counts) upgraded blue-green under load, on real parts.
+"""A stateful pipeline (examples/window_counts) upgraded blue-green under load and rolled back, on real parts.
 
 Windowed counts per key are upserted into PostgreSQL. Green starts ``warm_up_s`` back and reads in
 shadow (writing nothing) until the handoff, so the windows open at H are whole in its state. The
@@ -23,9 +23,11 @@ from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.kafka_offsets import KafkaOffsets
+from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
+from relay.operations.rollback import rollback
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
 from relay.stateful import STATE_TOPIC
@@ -141,30 +143,44 @@ def test_stateful_upgrade_under_load_matches_a_run_without_one(
         result = upgrade(cfg, v2, grace_s=300, drain_timeout_s=240)
         assert result["state"] == UpgradeState.DONE.value, result
         send_words(cfg, 100)  # windows open at H keep getting records after it
-    wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
+    green = _check_handoff(cfg, ledger, url, result, {blue_id})
 
+    # Back to v1 the same way: a third writer, newer than both.
+    with WordLoad(cfg):
+        back = rollback(cfg, grace_s=300, drain_timeout_s=240)
+        assert back["state"] == UpgradeState.DONE.value, back
+        send_words(cfg, 100)
+    rolled = _check_handoff(cfg, ledger, url, back, {blue_id, green.id})
+    assert rolled.version == v1
+
+    report = audit(cfg, ledger, deep=True)
+    assert report.ok and report.totals["duplicates"] == 0, render(report.to_json())
+    assert [a.name for a in master_apps(cfg, cfg.pipeline)] == [rolled.app_name]
+    assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]
+
+
+def _check_handoff(cfg: RelayConfig, ledger: Ledger, url: str, result: dict, older: set[int]) -> Instance:
+    """After a handoff from instances ``older`` to ``result``'s green: the table equals the counts
+    of every record in Kafka, and a window spanning H holds green's count (green's generation)."""
+    wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
     green = ledger.instance(result["green_id"])
+    expected, records = kafka_windows(cfg)
+    got = table(url)
+    assert {k: v[0] for k, v in got.items()} == expected, "the counts differ from a run without an upgrade"
     log = driver_stdout(cfg, green.submission_id or "")
     shadow = re.findall(r"shadow batch \d+ \(warm-up, nothing written\): (\d+) updated row", log)
     assert shadow and "caught up: READY" in log, "green built no state before the handoff"
     assert result.get("green_planned") is not None, result
-
-    expected, records = kafka_windows(cfg)
-    got = table(url)
-    assert {k: v[0] for k, v in got.items()} == expected, "the counts differ from a run without an upgrade"
     assert {v[1] for v in got.values()} == {STATE_TOPIC}
-    green_gen = max(lease.id for lease in ledger.leases(green.id))
-    blue_gen = max(lease.id for lease in ledger.leases(blue_id))
+    gens = {i: max(lease.id for lease in ledger.leases(i)) for i in older | {green.id}}
+    assert max(gens.values()) == gens[green.id], f"green's generation is not the newest: {gens}"
     h = {int(p): o for p, o in result["handoff"].items()}
     before = {(w, word) for p, off, w, word in records if off < h[p]}
     after = {(w, word) for p, off, w, word in records if off >= h[p]}
     spanning = before & after
     assert spanning, "no window got records on both sides of H: the test proves nothing"
-    by_green = [k for k in spanning if got[k][2] == green_gen]
-    assert by_green, f"no window spanning H holds green's count ({blue_gen=} {green_gen=})"
-    assert {got[k][2] for k in got} <= {blue_gen, green_gen}
-
-    report = audit(cfg, ledger, deep=True)
-    assert report.ok and report.totals["duplicates"] == 0, render(report.to_json())
-    assert [a.name for a in master_apps(cfg, cfg.pipeline)] == [green.app_name]
-    assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]
+    assert [k for k in spanning if got[k][2] == gens[green.id]], (
+        f"no window spanning H holds green's count {gens}"
+    )
+    assert {v[2] for v in got.values()} <= set(gens.values())
+    return green

@@ -267,6 +267,23 @@ def test_latency_windows_pause_and_exactly_once_counts() -> None:
     assert latency_summary([]) == {"n": 0, "p50_s": None, "p99_s": None, "max_s": None, "worst": None}
 
 
+def test_the_handoff_pause_counts_only_the_records_in_flight_from_the_handoff_to_catching_up() -> None:
+    """Green's start-up slows blue long before the handoff: that record is the operation's pause,
+    not the handoff's."""
+    from relay_dev.bench.pause import join_samples, latency_summary
+    from relay_dev.bench.upgrade import _handoff_pause
+
+    produced = {(0, 0): 10.0, (0, 1): 50.0, (0, 2): 51.0}
+    applied = {(0, 0): [16.0], (0, 1): [52.5], (0, 2): [52.0]}  # 6 s at start-up, 2.5 s at the handoff
+    samples = join_samples(produced, applied)
+    steady, lat = {"max_s": 2.0}, {}
+    result = {"handoff_at": 50.5, "caught_up_at": 52.5}
+    names = {f["name"]: f["value"] for f in _handoff_pause("upgrade", result, samples, steady, lat)}
+    assert names == {"upgrade: latency max at the handoff": 2.5, "upgrade: pause at the handoff": 0.5}
+    assert lat["upgrade handoff"] == latency_summary(samples[1:])
+    assert _handoff_pause("rollback", {"handoff_at": 50.5}, samples, steady, lat) == []
+
+
 def test_timing_figures_print_the_keys_the_result_has() -> None:
     from relay_dev.bench.upgrade import timing_figures
 

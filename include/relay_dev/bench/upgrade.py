@@ -208,6 +208,7 @@ def _figures(
         figures += [
             figure(f"{label}: latency max", lat[label]["max_s"], "s", "steady max", steady["max_s"]),
             figure(f"{label}: pause (max - steady max)", pause_s(lat[label], steady), "s", "target", 2.0),
+            *_handoff_pause(label, result, samples, steady, lat),
             *timing_figures(label, result, ctx.deploy_first_commit_s),
             figure(f"{label}: duplicates (must be 0)", dups, "records"),
             figure(f"{label}: gaps (must be 0)", gaps, "records"),
@@ -221,3 +222,21 @@ def _figures(
         figure("per record: never applied (must be 0)", eo["gaps"], "records"),
     ]
     return figures, bad
+
+
+def _handoff_pause(
+    label: str, result: dict[str, Any], samples: list[Sample], steady: dict[str, Any], lat: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The pause of the records the handoff itself held: in flight between the handoff and green's
+    catching up. The operation's pause above also counts green's start-up (a second driver and
+    executor on the same cores, for ~2 minutes before it), which slows blue's batches."""
+    h0, h1 = result.get("handoff_at"), result.get("caught_up_at")
+    if not h0 or not h1:
+        return []
+    at_handoff = lat[f"{label} handoff"] = latency_summary(in_flight(samples, float(h0), float(h1)))
+    return [
+        figure(
+            f"{label}: latency max at the handoff", at_handoff["max_s"], "s", "steady max", steady["max_s"]
+        ),
+        figure(f"{label}: pause at the handoff", pause_s(at_handoff, steady), "s", "target", 2.0),
+    ]
