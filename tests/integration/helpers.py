@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
@@ -198,3 +200,20 @@ class Load:
     def __exit__(self, *_: object) -> None:
         self._on.clear()
         self._thread.join()
+
+
+def example_package(example: Path, folder: Path, cfg: RelayConfig, name: str) -> Path:
+    """``example`` copied into ``folder`` as the user's package, its ``NAME``/``TOPIC`` constants
+    (both ``name`` in the example) renamed to this test's pipeline and topic."""
+    package = folder / f"{example.name}_{cfg.pipeline}"
+    shutil.copytree(example, package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = package / "pipeline.py"
+    text = code.read_text()
+    for old, new in (
+        (f'NAME = "{name}"', f'NAME = "{cfg.pipeline}"'),
+        (f'TOPIC = "{name}"', f'TOPIC = "{cfg.topic}"'),
+    ):
+        assert old in text, f"the example no longer has {old!r}"
+        text = text.replace(old, new)
+    code.write_text(text)
+    return package

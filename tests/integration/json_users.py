@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from pathlib import Path
 
 import psycopg2
 from kafka import KafkaProducer
@@ -20,8 +21,8 @@ def libpq(url: str) -> str:
     return "postgresql://" + url.split("://", 1)[1]
 
 
-def sink_database(postgres_url: str) -> str:
-    """A database of its own on the ledger's server, holding the example's table (libpq URL)."""
+def sink_database(postgres_url: str, schema: Path = EXAMPLE / "schema.sql") -> str:
+    """A database of its own on the ledger's server, holding an example's table (libpq URL)."""
     name = f"sink_{uuid.uuid4().hex[:8]}"
     admin = psycopg2.connect(libpq(postgres_url))
     admin.autocommit = True
@@ -30,7 +31,7 @@ def sink_database(postgres_url: str) -> str:
     admin.close()
     url = libpq(make_url(postgres_url).set(database=name).render_as_string(hide_password=False))
     with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute((EXAMPLE / "schema.sql").read_text())
+        cur.execute(schema.read_text())
     return url
 
 

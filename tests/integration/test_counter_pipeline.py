@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,28 +41,12 @@ from relay_dev.bench.context import driver_stdout
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import Load, caught_up, pipeline_run, wait_relaunched
+from tests.integration.helpers import Load, caught_up, example_package, pipeline_run, wait_relaunched
 
 pytestmark = pytest.mark.integration
 
 EXAMPLE = PROJECT_ROOT / "examples" / "counter"
 DRIVER_CRASH = "pipeline.before_ledger_commit"  # spark_jobs/pipeline_driver.CRASH_BEFORE_LEDGER_COMMIT
-
-
-def counter_package(folder: Path, cfg: RelayConfig) -> Path:
-    """The example copied as the user's package, renamed to this test's pipeline and topic."""
-    package = folder / f"counter_{cfg.pipeline}"
-    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("__pycache__"))
-    code = package / "pipeline.py"
-    text = code.read_text()
-    for old, new in (
-        ('NAME = "experience"', f'NAME = "{cfg.pipeline}"'),
-        ('TOPIC = "experience"', f'TOPIC = "{cfg.topic}"'),
-    ):
-        assert old in text, f"the example no longer has {old!r}"
-        text = text.replace(old, new)
-    code.write_text(text)
-    return package
 
 
 @pytest.fixture()
@@ -75,7 +58,7 @@ def counter(
     (folder / "faults").mkdir(parents=True)
     monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(folder / "faults"))  # forwarded to drivers and executors
     with pipeline_run(cfg):
-        yield cfg, counter_package(folder, cfg)
+        yield cfg, example_package(EXAMPLE, folder, cfg, "experience")
 
 
 def written_past_commit(ledger: Ledger, cfg: RelayConfig, epoch: int) -> list[int]:

@@ -10,7 +10,6 @@ green would have counted only its records from H on and, as the newer writer, ov
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -34,8 +33,8 @@ from relay.stateful import STATE_TOPIC
 from relay_dev.bench.context import driver_stdout
 
 from tests.conftest import wait_for
-from tests.integration.helpers import Load, caught_up, pipeline_run
-from tests.integration.json_users import libpq
+from tests.integration.helpers import Load, caught_up, example_package, pipeline_run
+from tests.integration.json_users import sink_database
 
 pytestmark = pytest.mark.integration
 
@@ -100,25 +99,8 @@ def window_counts(
     """The example as the user's package under this test's pipeline and topic, and its table in a
     database of its own."""
     cfg = pipeline_config
-    package = cfg.data_dir / f"{cfg.pipeline}-project" / f"window_counts_{cfg.pipeline}"
-    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("__pycache__"))
-    code = package / "pipeline.py"
-    text = code.read_text()
-    for old, new in (
-        ('NAME = "window_counts"', f'NAME = "{cfg.pipeline}"'),
-        ('TOPIC = "window_counts"', f'TOPIC = "{cfg.topic}"'),
-    ):
-        assert old in text, f"the example no longer has {old!r}"
-        text = text.replace(old, new)
-    code.write_text(text)
-    admin = psycopg2.connect(libpq(postgres_url))
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {cfg.pipeline}")
-    admin.close()
-    url = libpq(postgres_url).rsplit("/", 1)[0] + f"/{cfg.pipeline}"
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute((EXAMPLE / "schema.sql").read_text())
+    package = example_package(EXAMPLE, cfg.data_dir / f"{cfg.pipeline}-project", cfg, "window_counts")
+    url = sink_database(postgres_url, EXAMPLE / "schema.sql")
     monkeypatch.setenv("WINDOW_COUNTS_SINK_URL", url)
     with pipeline_run(cfg):
         yield cfg, package, url

@@ -7,13 +7,11 @@ tests/integration/test_stateful_upgrade.py."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kafka_source import KafkaStreamReader
 from kafka_source_options import SourceSettings
-from relay.config import RelayConfig, load_config
+from relay.config import RelayConfig
 from relay.errors import ConfigError
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
@@ -24,24 +22,20 @@ from relay.sinks.postgres_upsert import PostgresUpsertSink
 from relay.source_guard import SourceGuard, plan_under_guard
 from relay.stateful import STATE_TOPIC, caught_up, check_stateful_sink, generation, state_ranges
 
-from tests.unit.test_handoff_planned_end import FakeKafka
+from tests.unit import test_handoff_planned_end as planned_end
 from tests.unit.test_pipeline_contract import FakeSink, identity
 
 P = T = "p"
 
 
-@pytest.fixture()
-def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RelayConfig:
-    monkeypatch.setattr(upgrade_steps, "KafkaOffsets", FakeKafka)
+FakeKafka = planned_end.FakeKafka
+config, ledger = planned_end.config, planned_end.ledger  # the same fixtures: a SQLite ledger, fake Kafka
+
+
+@pytest.fixture(autouse=True)
+def kafka_latest(config: RelayConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka's latest offset 60, read by the handoff before its transaction."""
     monkeypatch.setattr(FakeKafka, "latest_offsets", {0: 60})
-    return load_config({"RELAY_DATA_DIR": str(tmp_path), "RELAY_PIPELINE": P, "RELAY_TOPIC": T})
-
-
-@pytest.fixture()
-def ledger(config: RelayConfig) -> Iterator[Ledger]:
-    led = Ledger(config.ledger_url, create=True)
-    yield led
-    led.close()
 
 
 def _blue_green(ledger: Ledger) -> tuple[Instance, Instance, int]:
