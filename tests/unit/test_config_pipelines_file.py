@@ -100,20 +100,27 @@ def test_a_named_file_must_exist_and_relative_paths_follow_it(tmp_path: Path) ->
     assert config.pipelines_file == path and config.pipeline_code == elsewhere / "pkg"
 
 
-def test_the_example_file_declares_the_reference_job_and_json_upsert(tmp_path: Path) -> None:
+def test_the_example_file_declares_the_reference_job_json_upsert_and_window_counts(tmp_path: Path) -> None:
     declared = read_pipelines_file(PROJECT_ROOT / "examples" / "relay.toml")
-    assert declared.names == ["experience", "json_upsert"] and declared.default == "experience"
-    upsert = declared.settings("json_upsert")
-    assert upsert["pipeline_code"] == PROJECT_ROOT / "examples" / "json_upsert"
-    assert upsert["secret_env"] == ("JSON_UPSERT_SINK_URL",)
+    assert (
+        declared.names == ["experience", "json_upsert", "window_counts"] and declared.default == "experience"
+    )
     from relay.artifacts import pipeline_meta
 
-    meta = pipeline_meta(upsert["pipeline_code"])  # the file agrees with the package it names
-    assert (meta["name"], meta["topics"], meta["secret_env"]) == (
-        "json_upsert",
-        ["json_upsert"],
-        ["JSON_UPSERT_SINK_URL"],
-    )
+    for name, env, stateful in (
+        ("json_upsert", "JSON_UPSERT_SINK_URL", False),
+        ("window_counts", "WINDOW_COUNTS_SINK_URL", True),
+    ):
+        declared_one = declared.settings(name)
+        assert declared_one["pipeline_code"] == PROJECT_ROOT / "examples" / name
+        assert declared_one["secret_env"] == (env,)
+        meta = pipeline_meta(declared_one["pipeline_code"])  # the file agrees with the package it names
+        assert (meta["name"], meta["topics"], meta["secret_env"], meta["stateful"]) == (
+            name,
+            [name],
+            [env],
+            stateful,
+        )
 
 
 def test_artifacts_are_per_pipeline_with_a_file_and_unchanged_without(tmp_path: Path) -> None:
