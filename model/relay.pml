@@ -6,9 +6,12 @@
  * standby, and the fresh instance a recovery makes), each with one lease row, and a second row for
  * blue's continuation [X, ...) after an abort that green committed before; attempts with epochs; the
  * instance row lock; the commit transaction; the source guard (hold, floor, read cap) and the planned
- * end the source records under the row lock; the blue-green handoff (H at or above blue's planned
- * end), its abort (before or after green committed) and the drain; the recovery; retention; and a
- * crash between any two steps of every process.
+ * end the source records under the row lock; the blue-green handoff (H at or above blue's and
+ * green's planned ends), its abort (before or after green committed) and the drain; the recovery;
+ * retention; and a crash between any two steps of every process. With -DSTATEFUL, a stateful
+ * pipeline: green, while a standby, reads in shadow from a warm-up start W (no hold, no floor),
+ * records its planned ends under its own row lock and applies nothing; an abort after the handoff
+ * gives blue a NEW lease (a newer writer generation) even where green applied nothing.
  *
  * Build switches (spin -D...):
  *   NO_ROW_LOCK          mutant: the handoff reads blue's lease without locking blue's instance row
@@ -28,13 +31,29 @@
  *                        blue's cursor): the code before issue #12 was fixed
  *   PLAN_RECORD_AFTER    mutant: the source reads the guard and plans in one transaction and records
  *                        its planned end in a later one (not under the same row lock)
+ *   STATEFUL             a stateful pipeline (relay.stateful): green's standby attempts read in shadow
+ *                        from a warm-up start W (any offset still in Kafka), with no hold and no
+ *                        lease floor (kafka_source._shadowed), record their planned ends in green's
+ *                        row under green's row lock, and apply nothing (pipeline_driver.shadow_batch);
+ *                        green is READY after its first shadow batch; the handoff takes H at or
+ *                        above green's planned end too; an abort after the handoff opens blue a new
+ *                        lease [H, ...) where green applied nothing (and deletes green's lease after)
+ *   NO_GREEN_PLANNED     mutant (STATEFUL): the handoff ignores green's planned end (H only at or above
+ *                        blue's cursor and planned end): green's shadow position may pass H
+ *   SHADOW_FLOOR         mutant (STATEFUL): the lease floor still cuts a stateful green's read (the
+ *                        floors={} of kafka_source._shadowed left out): after the handoff green skips
+ *                        from its shadow position up to H
+ *   STATEFUL_REOPENS     mutant (STATEFUL): an abort after a handoff in which green applied nothing
+ *                        reopens blue's lease (the stateless way) instead of opening a new one
+ *   DELETE_BEFORE_OPEN   mutant (STATEFUL): the abort deletes green's unapplied lease BEFORE it opens
+ *                        blue's new one (SQLite gives the new lease the deleted lease's id again)
  *   HANDOFF_LATEST       H is Kafka's latest offset, read by the handoff BEFORE it locks blue's row:
  *                        at or past the end of every batch planned before that read (blue may plan
  *                        more in between), raised to blue's planned end; default: any H at or past
  *                        blue's cursor (an explicit handoff), refused below blue's planned end
  *   PROGRESS             also assert invariants 6 and 7 (below) under ONLY=0
- *   ONLY=k               assert only invariant k (1..7, below); 0 (default) asserts 1..5 (and 6, 7
- *                        with PROGRESS)
+ *   ONLY=k               assert only invariant k (1..10, below); 0 (default) asserts 1..5 (and 6, 7
+ *                        with PROGRESS; and 8..10 with STATEFUL)
  *   N, RET, MAXB         offsets in the partition; how many of them retention may delete; the most
  *                        offsets a batch reads (maxOffsetsPerTrigger: 2 or 3)
  *   BLUE_ATTEMPTS, GREEN_ATTEMPTS, REC_ATTEMPTS   attempts the supervision may start per instance
@@ -83,11 +102,23 @@
 #define FENCED 6
 #define STANDBY 7   /* green before the handoff: no lease, its source holds (READY is the same here) */
 #define LIVE(x) (ist[x] == STARTING || ist[x] == ACTIVE || ist[x] == DRAINING || ist[x] == STANDBY)
+/* green's attempts read in shadow while it is a standby (a stateful pipeline only) */
+#ifdef STATEFUL
+#define SHADOW(x) (x == GREEN && ist[GREEN] == STANDBY)
+#else
+#define SHADOW(x) false
+#endif
 
 /* the source guard's floor (the lowest start of the instance's leases: nothing below is its to read;
- * lease starts never move, and row x starts lowest) and where a batch from position p really starts */
+ * lease starts never move, and row x starts lowest) and where a batch from position p really starts.
+ * A stateful pipeline's source drops the floors (kafka_source._shadowed): it reads on from where it
+ * is, so its state holds every record since its start; the leases alone decide what it applies. */
 #define FLOOR(x) (l_valid[x] -> l_start[x] : 0)
+#if defined(STATEFUL) && !defined(SHADOW_FLOOR)
+#define FROM(x, p) (p)
+#else
 #define FROM(x, p) (FLOOR(x) > p -> FLOOR(x) : p)
+#endif
 
 /* the instance's Spark checkpoint: empty, offsets/N written (planned), commits/N written (done) */
 #define CK_EMPTY 0
@@ -129,8 +160,16 @@ byte l_end[NL];         /* OPEN while open */
 byte l_cur[NL];         /* next_offset: the cursor */
 byte op;                /* the operation in progress, if any */
 byte planned_b;         /* instances.planned_ends of blue: the highest end its source planned, recorded
-                         * under blue's row lock before Spark runs the batch (green's and the recovered
-                         * instance's are recorded too, but no handoff of theirs is modelled) */
+                         * under blue's row lock before Spark runs the batch */
+byte planned_g;         /* ... and of green while it is a standby (only a stateful green plans then; its
+                         * later ends, and the recovered instance's, are recorded too, but nothing
+                         * reads them: no handoff of theirs is modelled) */
+#ifdef STATEFUL
+bit  g_ready;           /* green READY: set by its first shadow batch (mark_ready, from STANDBY only) */
+byte l_id[NL];          /* the lease row's id: max(id) + 1 at insert (SQLite's rowid without
+                         * AUTOINCREMENT, so a deleted highest id is taken again); the writer
+                         * generation of an instance is the highest id among its leases */
+#endif
 
 /* ------------------------------------------------------------------ outside the ledger */
 byte ck[NI];            /* each instance's checkpoint (shared by all its attempts) */
@@ -152,6 +191,10 @@ byte ghostH = OPEN;     /* the handoff offset H (OPEN: no handoff yet) */
 byte ghostX = OPEN;     /* green's range is [ghostH, ghostX): OPEN while the handoff is in force; after
                          * an abort, X (green applied [H, X)) or H (green applied nothing) */
 byte blue_reach;        /* 1 + the highest offset blue applied (0: none) */
+#ifdef STATEFUL
+byte warm = OPEN;       /* W, green's warm-up start (OPEN: not chosen yet) */
+byte g_shadow;          /* the highest end of a batch green ran in shadow (read, applied nothing) */
+#endif
 
 /* one bit per invariant; each goes to 0 when its invariant is violated, and is asserted */
 bit no_double_apply = 1;        /* 1: no offset applied twice */
@@ -163,6 +206,12 @@ bit no_stranded_offset = 1;     /* 6: no live instance's read position passes an
                                  *    unfinished lease still has to apply (it could never read it) */
 bit one_task_range = 1;         /* 7: the offsets a batch may apply form one range (executor-side
                                  *    sinks: _task_ranges refuses the batch otherwise, for ever) */
+bit shadow_below_H = 1;         /* 8 (STATEFUL): green never read, in a batch that applies nothing
+                                 *    (a shadow batch), an offset at or past H: applied by nobody */
+bit green_reads_from_W = 1;     /* 9 (STATEFUL): every batch green plans starts at its position (W,
+                                 *    then the end of its last batch): no gap in its state since W */
+bit blue_newer_writer = 1;      /* 10 (STATEFUL): after an abort that followed the handoff, blue's
+                                 *    writer generation is above green's */
 
 /* scratch for loops inside atomic steps (always reset to 0 after use) */
 byte ho;
@@ -210,6 +259,22 @@ byte hg;
 #else
 #define CHECK7 skip
 #define WATCH7 0
+#endif
+/* 8..10 exist only in the stateful model (their ghosts too) */
+#if defined(STATEFUL) && (ONLY == 0 || ONLY == 8)
+#define CHECK8 assert(shadow_below_H)
+#else
+#define CHECK8 skip
+#endif
+#if defined(STATEFUL) && (ONLY == 0 || ONLY == 9)
+#define CHECK9 assert(green_reads_from_W)
+#else
+#define CHECK9 skip
+#endif
+#if defined(STATEFUL) && (ONLY == 0 || ONLY == 10)
+#define CHECK10 assert(blue_newer_writer)
+#else
+#define CHECK10 skip
 #endif
 
 inline say(x) {
@@ -282,7 +347,7 @@ inline check_stranded() {
 inline check_all() {
   check_accounted();
   check_stranded();
-  CHECK1; CHECK2; CHECK3; CHECK4; CHECK5; CHECK6; CHECK7
+  CHECK1; CHECK2; CHECK3; CHECK4; CHECK5; CHECK6; CHECK7; CHECK8; CHECK9; CHECK10
 }
 
 /* What the source guard lets each instance read up to (relay.source_guard.read_cap; never past
@@ -305,7 +370,11 @@ inline recompute_caps() {
       fi
     }
     if
+#ifdef STATEFUL
+    :: !hg -> cap[hx] = N   /* a stateful standby reads in shadow: no hold (kafka_source._shadowed) */
+#else
     :: !hg -> cap[hx] = (ist[hx] == STANDBY -> 0 : N)
+#endif
     :: hg && !hf -> cap[hx] = (ho < N -> ho : N)
     :: hg && hf ->
       cap[hx] = N;
@@ -350,6 +419,25 @@ inline apply(x, o) {
   :: else -> skip
   fi
 }
+
+/* The id of a lease row inserted now: one above the highest id of the rows that exist (SQLite's
+ * rowid: a deleted highest id is taken again). Only the stateful model keeps ids (the generation). */
+#ifdef STATEFUL
+inline new_id(row) {
+  hg = 0;
+  for (hl : 0 .. NL - 1) {
+    if
+    :: l_valid[hl] && hl != row && l_id[hl] > hg -> hg = l_id[hl]
+    :: else -> skip
+    fi
+  }
+  l_id[row] = hg + 1;
+  hl = 0; hg = 0
+}
+#define NEW_ID(row) new_id(row)
+#else
+#define NEW_ID(row) skip
+#endif
 
 inline record_gap(o) {
   if
@@ -396,7 +484,29 @@ proctype Attempt(byte i) {
       printf("@@ "); say(i); printf(" e%d replays the in-flight batch [%d,%d)\n", ep, s, e);
       goto batch
     :: ck[i] == CK_DONE -> pos = ck_e[i]
+#ifdef STATEFUL
+    :: ck[i] == CK_EMPTY && SHADOW(i) ->
+      /* pipeline_driver._starting_offsets: a stateful standby starts warm_up_s back, at W (any
+       * offset Kafka still has: below or past blue's cursor). W is chosen once: every attempt that
+       * opens green's empty checkpoint starts there. (A later attempt would find a later W, which
+       * is the same as having chosen that one as long as nothing was read; with attempts running
+       * at once on an empty checkpoint, Spark refuses the second writer of offsets/0, while this
+       * model's checkpoint takes the last writer's batch.) */
+      if
+      :: warm == OPEN ->
+        warm = earliest;
+        do
+        :: warm < N - 1 -> warm++
+        :: break
+        od
+      :: else -> skip
+      fi;
+      pos = warm;
+      printf("@@ green e%d warms up from W=%d (shadow reading)\n", ep, pos)
+    :: ck[i] == CK_EMPTY && !SHADOW(i) ->
+#else
     :: ck[i] == CK_EMPTY ->
+#endif
       pos = OPEN;
       if :: l_valid[i] && l_cur[i] < l_end[i] -> pos = l_cur[i] :: else -> skip fi;
       if
@@ -422,6 +532,18 @@ end_idle:
     lockh[i] == 0 && LIVE(i) && cap[i] > FROM(i, pos) ->
 #endif
     s = FROM(i, pos);
+#ifdef STATEFUL
+    /* green's state holds every record from W up to its position (the end of its last batch, the
+     * checkpoint's or this attempt's): a batch must start there, or its state misses [pos, s) */
+    if
+    :: i == GREEN && s != pos ->
+      printf("@@ VIOLATION green_reads_from_W: green e%d plans from %d, past its position %d: it never reads [%d,%d)\n",
+             ep, s, pos, pos, s);
+      green_reads_from_W = 0
+    :: else -> skip
+    fi;
+    CHECK9;
+#endif
     if
     :: e = s + 1
     :: s + 2 <= cap[i] -> e = s + 2
@@ -435,7 +557,11 @@ end_idle:
   atomic {
     lockh[i] == 0 ->  /* the record, in a transaction of its own */
 #endif
-    if :: i == BLUE && e > planned_b -> planned_b = e :: else -> skip fi;
+    if
+    :: i == BLUE && e > planned_b -> planned_b = e
+    :: SHADOW(i) && e > planned_g -> planned_g = e   /* green's own row, under green's row lock */
+    :: else -> skip
+    fi;
     ck[i] = CK_PLANNED; ck_s[i] = s; ck_e[i] = e;
 #ifdef HANDOFF_LATEST
     if :: e > latest -> latest = e :: else -> skip fi;
@@ -451,8 +577,31 @@ batch:
   /* The commit transaction, part 1: read the records (failOnDataLoss), lock the instance row,
    * refuse a zombie (stale epoch or non-live instance), read the instance's leases. */
   if
+#ifdef STATEFUL
+  /* ... unless green is still a standby (driver_runtime._batch reads its state, without a lock, once
+   * per batch until it has left STANDBY/READY): pipeline_driver.shadow_batch runs the tasks with no
+   * range to apply (the records go into green's state, nothing is written), marks green READY
+   * (STANDBY -> READY only) and commits nothing in the ledger; Spark then writes commits/N. (The
+   * read of the state and the tasks are one step here: reading a state the handoff is about to
+   * change commutes with the handoff's first step, and after its commit green is no standby.) */
   :: atomic {
-      lockh[i] == 0 ->
+      SHADOW(i) ->
+      if
+      :: s < earliest ->
+        ist[i] = FAILED;
+        printf("@@ green e%d: offset %d was deleted by retention: instance FAILED\n", ep, s);
+        goto gone
+      :: else -> skip
+      fi;
+      printf("@@ green e%d runs shadow batch [%d,%d): read into its state, nothing written or committed\n",
+             ep, s, e);
+      if :: e > g_shadow -> g_shadow = e :: else -> skip fi;
+      g_ready = 1
+    }
+    goto written
+#endif
+  :: atomic {
+      lockh[i] == 0 && !SHADOW(i) ->
       if
       :: s < earliest ->
         /* DataLossError: the driver marks the instance FAILED (an UPDATE of its row) and ends */
@@ -590,6 +739,7 @@ batch:
   fi;
 
   /* Spark writes commits/N */
+written:
   if
   :: atomic {
       ck[i] = CK_DONE; ck_s[i] = 0; ck_e[i] = e; pos = e; s = 0; e = 0;
@@ -657,9 +807,14 @@ inline PLAN_RECOVERY() {
  * stops) or abort (before or after green committed) while blue has not stopped. */
 #undef CRASH_SAY
 #define CRASH_SAY printf("@@ the upgrade process crashes\n")
+/* the handoff's transaction ends (commit or rollback): the row locks it holds are released */
+#define RELEASE_ROWS \
+  if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi; \
+  if :: lockh[GREEN] == _pid + 1 -> lockh[GREEN] = 0 :: else -> skip fi
 proctype Upgrade() {
   byte c0;
   byte pl;              /* blue's planned end, as the handoff read it under blue's row lock */
+  byte pg;              /* green's planned end, as the handoff read it under green's row lock */
 #ifdef HANDOFF_LATEST
   byte kl;              /* Kafka's latest offset, as the handoff read it before the lock */
 #endif
@@ -671,7 +826,8 @@ end_wait:
   atomic { op == OP_NONE && ist[BLUE] == ACTIVE -> op = OP_UPGRADE; printf("@@ upgrade opened\n") }
 
   /* start_green: green is created STANDBY without a lease and submitted; its attempts may start,
-   * and their source holds (plans nothing) until a lease exists. Blue runs on uncapped. */
+   * and their source holds (plans nothing) until a lease exists (a stateful green's source reads in
+   * shadow instead). Blue runs on uncapped. */
   if
   :: atomic {
       ist[GREEN] = STANDBY; launched[GREEN] = 1;
@@ -684,7 +840,11 @@ end_wait:
   /* green READY, or a failed launch or READY wait: abort before the handoff */
   if
   :: goto abort
+#ifdef STATEFUL
+  :: g_ready -> skip   /* a stateful green is READY once it ran a shadow batch */
+#else
   :: skip
+#endif
   fi;
 
 #ifdef HANDOFF_LATEST
@@ -694,26 +854,33 @@ end_wait:
   CRASH(up_end)   /* crash */
   fi;
 #endif
-  /* _handoff, ONE transaction. Part 1: (lock blue's row and) read blue's open lease and planned end;
-   * refuse unless blue is ACTIVE and green READY (a standby: only the abort, in this process,
-   * fences it). */
+  /* _handoff, ONE transaction. Part 1: (lock blue's row, then green's, and) read blue's open lease
+   * and both planned ends (lock_planned); refuse unless blue is ACTIVE and green READY (a standby:
+   * only the abort, in this process, fences it). The two locks are taken in one step: a plan of
+   * green's between them touches neither blue's row nor anything part 1 reads of it, so it commutes
+   * with taking blue's lock. */
   if
 #if defined(NO_ROW_LOCK) || defined(NO_HANDOFF_LOCK)
   :: atomic {
-      c0 = l_cur[0]; pl = planned_b;
+      c0 = l_cur[0]; pl = planned_b; pg = planned_g;
       printf("@@ handoff reads blue's lease WITHOUT locking blue's row: cursor %d\n", c0)
     }
 #else
   :: atomic {
-      lockh[BLUE] == 0 -> lockh[BLUE] = _pid + 1;
+      lockh[BLUE] == 0 && lockh[GREEN] == 0 -> lockh[BLUE] = _pid + 1; lockh[GREEN] = _pid + 1;
       if
+#ifdef STATEFUL
+      :: ist[BLUE] != ACTIVE || ist[GREEN] != STANDBY || !g_ready ->
+#else
       :: ist[BLUE] != ACTIVE || ist[GREEN] != STANDBY ->
+#endif
         printf("@@ handoff refused (blue not ACTIVE or green not READY): nothing changed\n");
         goto up_end
       :: else -> skip
       fi;
-      c0 = l_cur[0]; pl = planned_b;
-      printf("@@ handoff locks blue's row, reads blue's lease: cursor %d, planned end %d\n", c0, pl)
+      c0 = l_cur[0]; pl = planned_b; pg = planned_g;
+      printf("@@ handoff locks blue's row, reads blue's lease: cursor %d, planned end %d\n", c0, pl);
+      printf("@@ handoff locks green's row, reads green's planned end %d\n", pg)
     }
 #endif
   CRASH(up_end)   /* crash */
@@ -740,8 +907,25 @@ end_wait:
         H = pl
 #else
         printf("@@ handoff refused: H=%d is below blue's planned end %d (rolled back)\n", H, pl);
-        if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
-        c0 = 0; pl = 0; H = OPEN;
+        RELEASE_ROWS;
+        c0 = 0; pl = 0; pg = 0; H = OPEN;
+        goto abort
+#endif
+      :: else -> skip
+      fi;
+#endif
+#ifndef NO_GREEN_PLANNED
+      /* ... nor below green's (a stateful green's shadow reads: it applies nothing below H, and blue
+       * nothing from H on) */
+      if
+      :: H < pg ->
+#ifdef HANDOFF_LATEST
+        printf("@@ handoff raises H from %d to green's planned end %d\n", H, pg);
+        H = pg
+#else
+        printf("@@ handoff refused: H=%d is below green's planned end %d (rolled back)\n", H, pg);
+        RELEASE_ROWS;
+        c0 = 0; pl = 0; pg = 0; H = OPEN;
         goto abort
 #endif
       :: else -> skip
@@ -752,12 +936,13 @@ end_wait:
       if
       :: l_cur[0] != c0 ->
         printf("@@ handoff: blue's cursor moved from %d: CAS lost, rolled back\n", c0);
-        lockh[BLUE] = 0;
+        RELEASE_ROWS;
         goto up_end
       :: else -> skip
       fi;
 #endif
       l_end[0] = H;
+      NEW_ID(1);
       l_valid[1] = 1; l_inst[1] = GREEN; l_start[1] = H; l_end[1] = OPEN; l_cur[1] = H;
       ist[GREEN] = STARTING;
       ist[BLUE] = DRAINING;
@@ -770,8 +955,17 @@ end_wait:
         blue_outside_green = 0
       :: else -> skip
       fi;
-      if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
-      c0 = 0; pl = 0;
+#ifdef STATEFUL
+      if
+      :: g_shadow > H ->
+        printf("@@ VIOLATION shadow_below_H: green read up to %d in shadow (applying nothing), past H=%d\n",
+               g_shadow, H);
+        shadow_below_H = 0
+      :: else -> skip
+      fi;
+#endif
+      RELEASE_ROWS;
+      c0 = 0; pl = 0; pg = 0;
 #ifdef HANDOFF_LATEST
       kl = 0;
 #endif
@@ -811,11 +1005,17 @@ abort:
   fi;
   /* ... delete it if untouched, else close it at its cursor X (green keeps [H, X)); blue's lease
    * closed at H: reopen it, or (green applied [H, X)) open a new one [X, ...) for blue; blue
-   * DRAINING -> ACTIVE; commit */
+   * DRAINING -> ACTIVE; commit. Stateful: where green applied nothing blue gets a NEW lease [H, ...)
+   * (a higher id: its writer generation beats green's, whose tasks may have written rows), and
+   * green's unapplied lease is deleted last (SQLite would give the new lease its id again). */
   if
   :: atomic {
       if
+#if defined(STATEFUL) && !defined(DELETE_BEFORE_OPEN)
+      :: l_valid[1] && !touched -> skip   /* closed at its start (empty); deleted below */
+#else
       :: l_valid[1] && !touched -> l_valid[1] = 0
+#endif
       :: l_valid[1] && touched ->
         /* close_lease: compare-and-set on the cursor read */
         if
@@ -834,18 +1034,34 @@ abort:
 #else
         if
         :: touched ->
+          NEW_ID(BCONT);
           l_valid[BCONT] = 1; l_inst[BCONT] = BLUE; l_start[BCONT] = X; l_end[BCONT] = OPEN; l_cur[BCONT] = X
+#if defined(STATEFUL) && !defined(STATEFUL_REOPENS)
+        :: else ->
+          NEW_ID(BCONT);
+          l_valid[BCONT] = 1; l_inst[BCONT] = BLUE; l_start[BCONT] = H; l_end[BCONT] = OPEN; l_cur[BCONT] = H
+#else
         :: else -> l_end[0] = OPEN
+#endif
         fi
 #endif
       :: else -> skip
       fi;
+#if defined(STATEFUL) && !defined(DELETE_BEFORE_OPEN)
+      if :: l_valid[1] && !touched -> l_valid[1] = 0 :: else -> skip fi;   /* deleted last */
+#endif
       if :: ist[BLUE] == DRAINING -> ist[BLUE] = ACTIVE :: else -> skip fi;
       if :: ghostH != OPEN -> ghostX = (touched -> X : ghostH) :: else -> skip fi;
       op = OP_NONE;
       if
       :: H == OPEN -> printf("@@ abort commits before the handoff: blue untouched\n")
+#if defined(STATEFUL) && !defined(STATEFUL_REOPENS)
+      :: H != OPEN && !touched ->
+        printf("@@ abort commits: green's lease deleted, blue's lease stays closed at %d (cursor %d), blue opens [%d,...)\n",
+               H, l_cur[0], H)
+#else
       :: H != OPEN && !touched -> printf("@@ abort commits: green's lease deleted, blue's lease reopened\n")
+#endif
       :: H != OPEN && touched ->
 #ifdef ABORT_REOPENS
         printf("@@ abort commits: green keeps [%d,%d), blue's lease REOPENED at its cursor %d\n", H, X, l_cur[0])
@@ -854,6 +1070,22 @@ abort:
                H, X, H, l_cur[0], X)
 #endif
       fi;
+#ifdef STATEFUL
+      /* relay.stateful.generation: blue's (its highest lease id) must now beat green's */
+      if
+      :: H != OPEN ->
+        hg = (l_valid[0] -> l_id[0] : 0);
+        if :: l_valid[BCONT] && l_id[BCONT] > hg -> hg = l_id[BCONT] :: else -> skip fi;
+        if
+        :: hg <= l_id[1] ->
+          printf("@@ VIOLATION blue_newer_writer: blue's generation %d is not above green's %d\n", hg, l_id[1]);
+          blue_newer_writer = 0
+        :: else -> skip
+        fi;
+        hg = 0
+      :: else -> skip
+      fi;
+#endif
       recompute_caps();
       check_all()
     }
@@ -861,8 +1093,8 @@ abort:
   fi;
 up_end:
   atomic {
-    if :: lockh[BLUE] == _pid + 1 -> lockh[BLUE] = 0 :: else -> skip fi;
-    c0 = 0; pl = 0; H = 0; X = 0; touched = 0;
+    RELEASE_ROWS;
+    c0 = 0; pl = 0; pg = 0; H = 0; X = 0; touched = 0;
 #ifdef HANDOFF_LATEST
     kl = 0
 #endif
@@ -927,6 +1159,7 @@ end_wait:
         if :: ho < t -> record_gap(ho) :: else -> skip fi
       }
       ho = 0;
+      NEW_ID(2);
       l_valid[2] = 1; l_inst[2] = REC; l_start[2] = t; l_end[2] = OPEN; l_cur[2] = t;
       ist[REC] = STARTING;
       launched[REC] = 1;
@@ -978,6 +1211,7 @@ init {
   atomic {
     /* blue is deployed: STARTING with one open lease [0, ...), submitted */
     ist[BLUE] = STARTING;
+    NEW_ID(0);
     l_valid[0] = 1; l_inst[0] = BLUE; l_start[0] = 0; l_end[0] = OPEN; l_cur[0] = 0;
     l_end[1] = OPEN; l_end[2] = OPEN; l_end[BCONT] = OPEN;
     launched[BLUE] = 1;

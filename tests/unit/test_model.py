@@ -1,8 +1,8 @@
 """The protocol's model (model/relay.pml), checked with spin: the real model passes, every mutant fails.
 
 Runs ``bash model/check.sh --json`` once for the module (a full exhaustive search of every bounded
-scenario, about half a minute of CPU) and builds in pytest's temporary directory. Without spin the
-tests fail, never skip: the model is part of the exactly-once safety net.
+scenario, about 45 s of search CPU plus gcc) and builds in pytest's temporary directory. Without
+spin the tests fail, never skip: the model is part of the exactly-once safety net.
 """
 
 from __future__ import annotations
@@ -109,3 +109,28 @@ def test_planned_end_mutant_counterexample_is_issue_12(results: dict[str, dict[s
     assert h < planned, steps  # the fix refuses (explicit H) or raises (latest) exactly this H
     assert closed < aborted < stranded, steps
     assert any(s.startswith("blue") and "commits batch" in s for s in steps[closed:aborted]), steps
+
+
+def test_green_planned_mutant_counterexample_is_a_shadow_read_past_H(
+    results: dict[str, dict[str, Any]],
+) -> None:
+    """Without H >= green's planned end: a stateful green read past H in shadow, applying nothing."""
+    steps: list[str] = results["NO_GREEN_PLANNED"]["counterexample"]
+    shadow = next(i for i, s in enumerate(steps) if s.startswith("green") and "runs shadow batch" in s)
+    read = next(s for s in steps if s.startswith("handoff locks green's row"))
+    closed = next(i for i, s in enumerate(steps) if s.startswith("handoff commits"))
+    lost = next(i for i, s in enumerate(steps) if s.startswith("VIOLATION shadow_below_H"))
+    green_planned = int(read.rsplit("planned end ", 1)[1])
+    h = int(steps[closed].split("H=", 1)[1].split(" ", 1)[0])
+    assert h < green_planned, steps  # the fix refuses (explicit H) or raises (latest) exactly this H
+    assert shadow < closed < lost, steps
+
+
+def test_stateful_abort_mutants_leave_blue_an_older_writer(results: dict[str, dict[str, Any]]) -> None:
+    """A stateful abort must give blue a lease id above green's: reopening, or deleting first, does not."""
+    for mutant in ("STATEFUL_REOPENS", "DELETE_BEFORE_OPEN"):
+        steps: list[str] = results[mutant]["counterexample"]
+        closed = next(i for i, s in enumerate(steps) if s.startswith("handoff commits"))
+        aborted = next(i for i, s in enumerate(steps) if s.startswith("abort commits"))
+        older = next(i for i, s in enumerate(steps) if s.startswith("VIOLATION blue_newer_writer"))
+        assert closed < aborted < older, (mutant, steps)

@@ -114,15 +114,24 @@ def test_only_a_keyed_postgres_upsert_may_take_a_stateful_pipelines_rows() -> No
             check_stateful_sink("w", sink)
 
 
-@pytest.mark.parametrize("stateful", [True, False])
+@pytest.mark.parametrize(
+    ("artifacts", "new_lease"),
+    [
+        ({"v1": True, "v2": True}, True),
+        ({"v1": False, "v2": True}, True),  # green wrote by generation: blue must outrank it
+        ({"v1": False, "v2": False}, False),
+        ({"v1": False}, True),  # green's artifact.json is gone: fail closed
+    ],
+)
 def test_an_aborted_upgrade_gives_a_stateful_blue_new_leases_so_it_outranks_green(
-    config: RelayConfig, ledger: Ledger, stateful: bool
+    config: RelayConfig, ledger: Ledger, artifacts: dict[str, bool], new_lease: bool
 ) -> None:
     """Green's tasks may have written rows it never committed in the ledger: with the same leases
     blue's generation would stay below green's and its counts would lose to green's for good."""
-    folder = config.data_dir / "artifacts" / "v1"
-    folder.mkdir(parents=True)
-    (folder / "artifact.json").write_text(json.dumps({"version": "v1", "stateful": stateful}))
+    for version, stateful in artifacts.items():
+        folder = config.data_dir / "artifacts" / version
+        folder.mkdir(parents=True)
+        (folder / "artifact.json").write_text(json.dumps({"version": version, "stateful": stateful}))
     blue, green, op_id = _blue_green(ledger)
     _handoff(config, ledger, op_id, blue, green, None)
     (green_lease,) = ledger.leases(green.id)
@@ -130,7 +139,7 @@ def test_an_aborted_upgrade_gives_a_stateful_blue_new_leases_so_it_outranks_gree
     op = upgrade_steps.abort(config, ledger, op_id, "test: green too slow")
     assert op["state"] == UpgradeState.ABORTED.value and ledger.leases(green.id) == []
     leases = sorted((lease.id, lease.start_offset, lease.end_offset) for lease in ledger.leases(blue.id))
-    if stateful:  # [0, 60) drains, then a new lease from H on, newer than green's
+    if new_lease:  # [0, 60) drains, then a new lease from H on, newer than green's
         assert [(start, end) for _, start, end in leases] == [(0, 60), (60, None)]
         assert generation(i for i, _, _ in leases) > green_lease.id
     else:  # the same lease, reopened

@@ -291,6 +291,19 @@ def _first_commit_at(ledger: Ledger, op: dict) -> float | None:
 
 
 # --------------------------------------------------------------------------------- abort
+def writes_by_generation(config: RelayConfig, ledger: Ledger, instance_ids: list[int | None]) -> bool:
+    """True when blue or green may write stateful rows (``relay.stateful``): then an abort gives blue
+    NEW leases (higher ids: a newer writer generation), even where green applied nothing, since
+    green's tasks may have written rows it never committed. An artifact whose ``artifact.json`` is
+    missing or unreadable counts as stateful: new leases are harmless to a stateless pipeline."""
+    for instance_id in instance_ids:
+        if instance_id is not None:
+            meta = artifact(config, ledger.instance(instance_id).version).metadata()
+            if meta.get("stateful", True):
+                return True
+    return False
+
+
 def abort(config: RelayConfig, ledger: Ledger, op_id: int, reason: str, progress: Progress = noop) -> dict:
     """Before blue stops: fence and kill green, give blue everything green did not apply. Blue never
     stopped; a green that committed keeps what it applied (blue continues after green's cursors)."""
@@ -298,14 +311,12 @@ def abort(config: RelayConfig, ledger: Ledger, op_id: int, reason: str, progress
     if op["state"] not in ABORTABLE:
         raise OperationError(f"upgrade {op_id} is {op['state']}: blue has stopped, only forward now")
     blue_id, green_id = op["data"]["blue_id"], op["data"].get("green_id")
+    stateful = writes_by_generation(config, ledger, [blue_id, green_id])
     if green_id is not None:
         green = ledger.instance(green_id)
         ledger.fence(green_id, f"upgrade {op['id']} aborted: {reason}")  # from here green cannot commit
         kill(config, green.submission_id)
     handoff = {int(p): o for p, o in op["data"].get("handoff", {}).items()}
-    # A stateful blue needs new leases (higher ids: a newer writer generation) even where green
-    # applied nothing: green's tasks may have written rows it never committed (relay.stateful).
-    stateful = bool(artifact(config, ledger.instance(blue_id).version).metadata().get("stateful"))
     with ledger.tx() as conn:
         resume: dict[int, int] = {}
         unapplied = []  # deleted last: on SQLite a new lease would take a deleted max id again
