@@ -131,6 +131,12 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(SourceSettings.from_options(self.options, self.task_slots))
 
 
+def _shadowed(guard: Any, shadow_read: bool) -> Any:
+    from relay.source_guard import shadowed  # lazily: a source without Relay's ledger needs none of it
+
+    return shadowed(guard, shadow_read)
+
+
 def _idle(guard: Any) -> bool:
     """No new batch: the query can stop between batches, and a standby stays warm reading nothing."""
     return guard is not None and (guard.stop_requested or guard.hold)
@@ -264,7 +270,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = batch_row_limit(limit, self.settings.max_offsets_per_trigger)
 
         def plan(guard: Any) -> PartitionOffsets | None:
-            guard = self._shadowed(guard)
+            guard = _shadowed(guard, self.settings.shadow_read)
             if _idle(guard):
                 return None
             return plan_batch_end(
@@ -307,16 +313,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         from relay.source_guard import read_source_guard
 
-        return self._shadowed(read_source_guard(url, self.settings.instance_id))
-
-    def _shadowed(self, guard: Any) -> Any:
-        """Under ``relay.shadowRead`` a standby reads (no hold) and no floor cuts a read; caps and
-        the stop flag still apply."""
-        if guard is None or not self.settings.shadow_read:
-            return guard
-        from dataclasses import replace
-
-        return replace(guard, hold=False, floors={})
+        return _shadowed(read_source_guard(url, self.settings.instance_id), self.settings.shadow_read)
 
     def _ledger_url(self) -> str | None:
         """Relay's ledger for this instance's guard, or None when the source runs without one."""

@@ -271,7 +271,7 @@ def pipeline_meta(package: Path) -> dict:
         "sink_declares": declares,
         "secret_env": list(pipeline.secret_env),
         "stateful": pipeline.stateful,
-        "warm_up_s": pipeline.warm_up_s,
+        "warm_up_s": pipeline.warm_up_s if pipeline.stateful else 0,  # 0: no warm-up (None: unknown)
         "code_hash": code_hash(package.resolve()),
         "source": str(package.resolve()),
     }

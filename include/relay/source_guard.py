@@ -14,7 +14,7 @@ either the plan came first and H covers it, or the handoff came first and the pl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from relay.ledger.models import Instance, Lease, Offsets
@@ -33,6 +33,14 @@ class SourceGuard:
     Lease starts never move, so a replayed batch is cut the same way."""
     hold: bool = False
     """A standby without leases: plan no batch (the query stays warm, reading nothing)."""
+
+
+def shadowed(guard: SourceGuard | None, shadow_read: bool) -> SourceGuard | None:
+    """The guard a stateful pipeline's source reads by (``relay.shadowRead``, ``relay.stateful``): a
+    standby plans batches instead of holding and no floor cuts a read; caps and the stop flag stay."""
+    if guard is None or not shadow_read:
+        return guard
+    return replace(guard, hold=False, floors={})
 
 
 def read_cap(leases: list[Lease]) -> int | None:

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.integration
 
 EXAMPLE = PROJECT_ROOT / "examples" / "window_counts"
 WORDS = [f"w{i}" for i in range(8)]
+WINDOW_S = 30  # the test's window (the example's is 10 s); + the 10-s watermark stays within warm_up_s 60
 Windows = dict[tuple[int, str], int]
 
 
@@ -65,7 +66,7 @@ def send_words(cfg: RelayConfig, count: int, rate: float | None = None) -> int:
 
 
 def kafka_windows(cfg: RelayConfig) -> tuple[Windows, list[tuple[int, int, int, str]]]:
-    """The counts a run without an upgrade gives: every record, by key and 10 s window of its
+    """The counts a run without an upgrade gives: every record, by key and WINDOW_S window of its
     timestamp; and the records as (partition, offset, window_start, word)."""
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         ends = kafka.latest(cfg.topic)
@@ -79,7 +80,14 @@ def kafka_windows(cfg: RelayConfig) -> tuple[Windows, list[tuple[int, int, int, 
             for tp, batch in consumer.poll(timeout_ms=1000).items():
                 for r in batch:
                     if r.offset < ends[tp.partition] and r.key is not None:
-                        records.append((r.partition, r.offset, r.timestamp // 10_000 * 10, r.key.decode()))
+                        records.append(
+                            (
+                                r.partition,
+                                r.offset,
+                                r.timestamp // 1000 // WINDOW_S * WINDOW_S,
+                                r.key.decode(),
+                            )
+                        )
     finally:
         consumer.close()
     return dict(Counter((w, word) for _, _, w, word in records)), records
@@ -100,6 +108,9 @@ def window_counts(
     database of its own."""
     cfg = pipeline_config
     package = example_package(EXAMPLE, cfg.data_dir / f"{cfg.pipeline}-project", cfg, "window_counts")
+    code = package / "pipeline.py"  # wider windows: one of them surely spans each handoff
+    assert 'WINDOW = "10 seconds"' in code.read_text() and "WARM_UP_S = 60.0" in code.read_text()
+    code.write_text(code.read_text().replace('WINDOW = "10 seconds"', f'WINDOW = "{WINDOW_S} seconds"'))
     url = sink_database(postgres_url, EXAMPLE / "schema.sql")
     monkeypatch.setenv("WINDOW_COUNTS_SINK_URL", url)
     with pipeline_run(cfg):
@@ -160,7 +171,11 @@ def _check_handoff(cfg: RelayConfig, ledger: Ledger, url: str, result: dict, old
     before = {(w, word) for p, off, w, word in records if off < h[p]}
     after = {(w, word) for p, off, w, word in records if off >= h[p]}
     spanning = before & after
-    assert spanning, "no window got records on both sides of H: the test proves nothing"
+    assert spanning, (
+        "no window got records on both sides of H: the test proves nothing; "
+        f"H {h}, windows before {sorted(before)[-3:]}, after {sorted(after)[:3]}, "
+        f"records at or past H {len([r for r in records if r[1] >= h[r[0]]])} of {len(records)}"
+    )
     assert [k for k in spanning if got[k][2] == gens[green.id]], (
         f"no window spanning H holds green's count {gens}"
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from kafka_source import KafkaStreamReader
 from kafka_source_options import SourceSettings
 from relay.config import RelayConfig
 from relay.errors import ConfigError
@@ -19,7 +18,7 @@ from relay.operations import upgrade_steps
 from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff
 from relay.pipeline import ForEachBatch, Pipeline, PipelineError, check_transform
 from relay.sinks.postgres_upsert import PostgresUpsertSink
-from relay.source_guard import SourceGuard, plan_under_guard
+from relay.source_guard import SourceGuard, plan_under_guard, shadowed
 from relay.stateful import STATE_TOPIC, caught_up, check_stateful_sink, generation, state_ranges
 
 from tests.unit import test_handoff_planned_end as planned_end
@@ -74,12 +73,12 @@ def test_an_explicit_h_below_greens_shadow_position_is_refused_and_changes_nothi
 def test_a_shadow_reading_standby_plans_instead_of_holding_and_reads_below_its_floors() -> None:
     base = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": T}
     held = SourceGuard(stop_requested=False, floors={T: {0: 50}}, hold=True)
-    plain = KafkaStreamReader(SourceSettings.from_options(base))
-    shadow = KafkaStreamReader(SourceSettings.from_options(base | {"relay.shadowRead": "true"}))
-    assert plain._shadowed(held) is held
-    assert shadow._shadowed(held) == SourceGuard(stop_requested=False, floors={}, hold=False)
+    assert not SourceSettings.from_options(base).shadow_read
+    assert SourceSettings.from_options(base | {"relay.shadowRead": "true"}).shadow_read
+    assert shadowed(held, False) is held and shadowed(None, True) is None
+    assert shadowed(held, True) == SourceGuard(stop_requested=False, floors={}, hold=False)
     stopping = SourceGuard(stop_requested=True, caps={T: {0: 9}}, hold=True)
-    assert shadow._shadowed(stopping).stop_requested and shadow._shadowed(stopping).caps == {T: {0: 9}}
+    assert shadowed(stopping, True).stop_requested and shadowed(stopping, True).caps == {T: {0: 9}}
     with pytest.raises(ConfigError, match="relay.shadowRead"):
         SourceSettings.from_options(base | {"relay.shadowRead": "yes"})
 

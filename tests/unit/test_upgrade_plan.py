@@ -301,8 +301,9 @@ def test_an_explicit_handoff_below_blues_cursor_blocks_the_plan(
 
 
 # ----------------------------------------------------------------------------------- the contract
-def _package(tmp_path: Path, key: list[str], table: str = "users") -> Path:
-    """A user pipeline package of pipeline P whose sink factory upserts ``table`` by ``key``."""
+def _package(tmp_path: Path, key: list[str], table: str = "users", extra: str = "") -> Path:
+    """A user pipeline package of pipeline P whose sink factory upserts ``table`` by ``key``
+    (``extra``: more Pipeline arguments, e.g. ``stateful=True, warm_up_s=60``)."""
     name = f"plan_pkg_{uuid.uuid4().hex[:8]}"
     folder = tmp_path / name
     folder.mkdir()
@@ -319,7 +320,7 @@ def _package(tmp_path: Path, key: list[str], table: str = "users") -> Path:
             def sink():
                 return PostgresUpsertSink(os.environ["PLAN_SINK_URL"], table=TABLE, key={key!r})
 
-            PIPELINE = Pipeline({P!r}, ({P!r},), lambda df: df, sink, secret_env=("PLAN_SINK_URL",))
+            PIPELINE = Pipeline({P!r}, ({P!r},), lambda df: df, sink, secret_env=("PLAN_SINK_URL",){extra})
             """
         )
     )
@@ -365,6 +366,20 @@ def test_the_contract_diff_names_sink_key_and_driver_changes(
     assert _changes(plan) == {"key": (["id"], ["id", "region"])}
     assert "key changes: ['id'] -> ['id', 'region']" in plan["warnings"]
     assert {r["field"]: r["changed"] for r in plan["contract"]}["stateful"] is False
+
+
+def test_the_plan_says_when_the_target_is_stateful_and_how_far_back_green_starts(
+    config: RelayConfig, ledger: Ledger, kafka: type[FakeKafka], tmp_path: Path, sink_env: None
+) -> None:
+    build_artifact(config, "v1", pipeline_code=_package(tmp_path, ["id"]))
+    b = blue(ledger, "v1")
+    ledger.set_instance(b.id, pipeline=P)
+    build_artifact(
+        config, "v2", pipeline_code=_package(tmp_path, ["id"], extra=", stateful=True, warm_up_s=90")
+    )
+    plan = plan_upgrade(config, "v2", local=True)
+    assert plan["blocked"] == []
+    assert _changes(plan) == {"stateful": (False, True), "warm_up_s": (0, 90)}
 
 
 def test_a_field_an_old_artifact_did_not_record_is_unknown(

@@ -32,7 +32,17 @@ from relay.operations.inventory import Inventory, take_inventory
 from relay.operations.upgrade_state import ALL_TERMINAL, check_gates, parse_handoff, resolved_max_lag
 
 KAFKA_TIMEOUT_S = 5.0  # a plan is read by a person waiting: an unreachable broker makes H unknown
-CONTRACT_FIELDS = ("pipeline", "topics", "sink", "sink_target", "key", "stateful", "driver", "secret_env")
+CONTRACT_FIELDS = (
+    "pipeline",
+    "topics",
+    "sink",
+    "sink_target",
+    "key",
+    "stateful",
+    "warm_up_s",  # how far back a stateful green starts reading (relay.stateful)
+    "driver",
+    "secret_env",
+)
 
 
 def plan_upgrade(
@@ -201,6 +211,7 @@ def _contract(config: RelayConfig, meta: dict | None, driver: str, stateful: boo
             "sink_target": "the ledger (messages)",
             "key": [],
             "stateful": stateful,
+            "warm_up_s": 0,
             "driver": driver,
             "secret_env": [],
         }
@@ -212,6 +223,7 @@ def _contract(config: RelayConfig, meta: dict | None, driver: str, stateful: boo
         "sink_target": declares.get("target"),
         "key": declares.get("key"),
         "stateful": stateful,
+        "warm_up_s": meta.get("warm_up_s"),
         "driver": driver,
         "secret_env": meta.get("secret_env"),
     }
