@@ -148,3 +148,14 @@ def test_a_pipeline_package_runs_under_its_own_name_and_topic(tmp_path: Any) -> 
 def test_a_folder_that_is_not_a_package_is_refused(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="pipeline package folder"):
         ChaosOptions.build(seconds=120, pipeline_code=tmp_path)
+
+
+def test_a_kinds_next_fault_waits_until_the_part_ran_a_while_after_its_last_one() -> None:
+    """The 10-minute run killed each worker and master again in the second it came back: with
+    restarts slower than the schedule, every fault was overdue and the cluster was never up."""
+    from relay_dev.chaos.plan import next_fault_at
+
+    assert next_fault_at(100.0, None, 30.0) == 100.0  # the first fault of its kind: as planned
+    assert next_fault_at(100.0, 50.0, 30.0) == 100.0  # back long before: as planned
+    assert next_fault_at(100.0, 95.0, 30.0) == 125.0  # back 5 s before: it runs 30 s first
+    assert ChaosOptions().min_up_s == 30.0

@@ -47,6 +47,10 @@ class ChaosOptions:
     must record applied records in the ledger's ``messages`` table, where the deep audit counts them."""
     warmup_s: float = 10.0  # steady commits before the first fault
     grace_s: float = 240.0  # past the window, a kind never injected yet may still wait for a target
+    min_up_s: float = 30.0
+    """After a fault ended (a worker, master, broker or scheduler: once it is back), its kind's next
+    fault waits at least this long: a part killed again in the second it came back (faults overdue
+    when restarts are slow) measures a permanent outage, not recovery under faults."""
     catch_up_timeout_s: float = 420.0
     max_offsets_per_trigger: int = 5000
     stall_s: float = 240.0  # no commit for this long (no lock held): the pipeline needs a human
@@ -186,3 +190,9 @@ def make_plan(options: ChaosOptions) -> FaultPlan:
             faults.append(PlannedFault(kind, min(at, math.floor(options.seconds) - 1), i, target))
     faults.sort(key=lambda f: (f.at, KINDS.index(f.kind)))
     return FaultPlan(faults)
+
+
+def next_fault_at(planned_at: float, healed_at: float | None, min_up_s: float) -> float:
+    """When a kind's next fault may run: at its planned time, but not before ``min_up_s`` after its
+    kind's previous fault ended (``healed_at`` None: none was injected yet)."""
+    return planned_at if healed_at is None else max(planned_at, healed_at + min_up_s)

@@ -27,7 +27,7 @@ from relay_dev.chaos.faults import FaultEvent, Injector
 from relay_dev.chaos.healer import HumanAction, PipelineHealer
 from relay_dev.chaos.observe import ChaosProducer, CommitWatcher, broker_check
 from relay_dev.chaos.parts import StackParts
-from relay_dev.chaos.plan import ChaosOptions, make_plan
+from relay_dev.chaos.plan import ChaosOptions, make_plan, next_fault_at
 from relay_dev.chaos.report import audit_totals, summarize_kinds
 from relay_dev.postgres_local import LocalPostgres
 from relay_dev.stack import Part
@@ -187,8 +187,9 @@ class ChaosRun:
         """One kind's faults in order; a fault waits until the previous one of its kind is healed."""
         end = t0 + self.options.seconds
         injected = False
+        healed_at: float | None = None
         for fault in self.plan.of_kind(kind):
-            delay = t0 + fault.at - time.time()
+            delay = next_fault_at(t0 + fault.at, healed_at, self.options.min_up_s) - time.time()
             if (delay > 0 and self.abort.wait(delay)) or self.abort.is_set():
                 return
             # Every kind is exercised at least once: until it was, its target (a driver or executor
@@ -201,6 +202,8 @@ class ChaosRun:
                 continue
             event = self.injector.inject(fault, rng, until)
             injected = injected or event.at is not None
+            if event.at is not None:  # a stack part is back by then; a driver or executor just killed
+                healed_at = event.ended_at
             self.events.append(event)
 
     def _status_line(self, t0: float) -> None:
