@@ -132,6 +132,8 @@ class KafkaDataSource(DataSource):
 
 
 def _shadowed(guard: Any, shadow_read: bool) -> Any:
+    if guard is None or not shadow_read:
+        return guard
     from relay.source_guard import shadowed  # lazily: a source without Relay's ledger needs none of it
 
     return shadowed(guard, shadow_read)
