@@ -41,6 +41,8 @@ from relay.errors import DataLossError, LedgerUnavailableError, RelayError, Zomb
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, InstanceState, Offsets
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
+from relay.standby_priority import standby_nice
+from standby_cpu import StandbyCpu
 from warm_up_batch import rehearse
 
 log = logging.getLogger("relay.job")
@@ -88,6 +90,8 @@ class DriverRuntime:
         # A stateful pipeline's standby reads in shadow (relay.stateful): its batches run, writing
         # nothing, and it is READY once caught up; a stateless standby's batches are empty.
         self.shadow = False
+        self.standby_cpu = StandbyCpu(standby_nice())  # lowered while a standby (relay.standby_priority)
+        self.spark: Any = None
 
     # ------------------------------------------------------------------ what a driver says
     def before_query(self, spark: Any) -> None:
@@ -191,13 +195,21 @@ class DriverRuntime:
             raise RuntimeError(f"version {version} was built to fail at start-up (build --fail-at-start)")
         check_data_loss(ledger, inst.id, args.bootstrap)
         self._wait_for_predecessors(predecessors)
-        spark = build_session(args, inst.app_name)
+        if self.standby:
+            self.standby_cpu.lower_driver()
+        self.spark = spark = build_session(args, inst.app_name)
         ledger.set_attempt_app(self.attempt.id, spark.sparkContext.applicationId)
         self.before_query(spark)
         if self.instance.state.standby:
+            self.standby_cpu.lower_executors(spark)
             self.warm_up(spark)
         query = self._start_query(spark)
         return self._supervise(query)
+
+    def mark_ready(self) -> None:
+        """A warm standby: its own CPU priority back (relay.standby_priority), then READY."""
+        self.standby_cpu.take_back(self.spark)
+        self.ledger.mark_ready(self.instance.id)
 
     def _end(self, state: AttemptState, error: str | None, code: int) -> int:
         if error:
@@ -282,8 +294,10 @@ class DriverRuntime:
         started = time.time()
         if self.standby:
             self.standby = self.ledger.instance(self.instance.id).state.standby
+            if not self.standby:  # the handoff made this instance the writer
+                self.standby_cpu.take_back(self.spark)
         if self.standby and not self.shadow:  # the source holds: an empty batch, nothing to apply
-            self.ledger.mark_ready(self.instance.id)  # the query runs and plans: warm
+            self.mark_ready()  # the query runs and plans: warm
             return
         if self.batch_delay:
             time.sleep(self.batch_delay)  # a version built slow on purpose (tests of the cutover gate)
@@ -318,7 +332,7 @@ class DriverRuntime:
                 if current.state is InstanceState.STARTING:
                     ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
                 elif current.state is InstanceState.STANDBY:  # warm: query up, first trigger done
-                    ledger.mark_ready(inst.id)
+                    self.mark_ready()
             if current.stop_requested or self.stop_signal:
                 return self._graceful_stop(query)
         if self.zombie is not None:

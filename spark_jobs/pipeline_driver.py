@@ -219,7 +219,7 @@ class PipelineDriver(DriverRuntime):
             "caught up: READY" if warm else "catching up",
         )
         if warm:
-            self.ledger.mark_ready(self.instance.id)
+            self.mark_ready()
 
     def warm_batch(self, df: Any) -> None:
         """The warm-up batch: the transform and the sink's tasks with no range to apply, so every

@@ -102,6 +102,9 @@ class RelayConfig:
     executor_memory: str = "512m"
     cores_max: int = 1
     """Spark resources of each driver submitted for the pipeline (``spark.cores.max``: all executors)."""
+    standby_nice: int = 10
+    """The CPU priority (nice) a warm standby's driver and executors run at until the handoff, so
+    green's start-up does not slow blue on a shared host (``RELAY_STANDBY_NICE``; 0 = unchanged)."""
     pipelines_file: Path | None = None
     """The pipelines file this pipeline was declared in (None: the environment's single pipeline).
     With a file, each pipeline's artifacts live in ``pipelines/<pipeline>/artifacts/`` (see
@@ -134,6 +137,8 @@ class RelayConfig:
                 f"RELAY_ARTIFACT_STORE must be one of {', '.join(ARTIFACT_STORES)}, "
                 f"got {self.artifact_store!r}"
             )
+        if not 0 <= self.standby_nice <= 19:
+            raise ConfigError(f"RELAY_STANDBY_NICE must be from 0 to 19, got {self.standby_nice}")
         if self.keep_versions < MIN_KEEP_VERSIONS:
             raise ConfigError(
                 f"keep_versions must be >= {MIN_KEEP_VERSIONS} (the running version and the one a "
@@ -247,6 +252,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         spark_rest_secret_file=_path(env, "RELAY_SPARK_REST_SECRET_FILE"),
         pipeline_code=_path(env, "RELAY_PIPELINE_CODE"),
         keep_versions=_int(env, "RELAY_KEEP_VERSIONS", 5, MIN_KEEP_VERSIONS),
+        standby_nice=_int(env, "RELAY_STANDBY_NICE", 10),
         artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
         checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
         worker_spark_dir=_path(env, "RELAY_WORKER_SPARK_DIR"),

@@ -51,6 +51,7 @@ def driver_properties(
         "spark.sql.shuffle.partitions": "2",
         "spark.driverEnv.SPARK_LOCAL_IP": config.host,
         "spark.driverEnv.PYTHONPATH": pythonpath,
+        "spark.driverEnv.RELAY_STANDBY_NICE": str(config.standby_nice),  # relay.standby_priority
         "spark.executorEnv.SPARK_LOCAL_IP": config.host,
         "spark.executorEnv.PYTHONPATH": pythonpath,
     }
@@ -77,5 +78,6 @@ def driver_environment(config: RelayConfig) -> dict[str, str]:
     return {
         "SPARK_LOCAL_IP": config.host,
         "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT)]),
+        "RELAY_STANDBY_NICE": str(config.standby_nice),
         **forwarded_env(),
     }

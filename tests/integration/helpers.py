@@ -95,6 +95,69 @@ def python_driver_pid(ledger: Ledger, instance_id: int) -> tuple[int, int]:
     return running[-1].id, running[-1].pid
 
 
+def instance_nice(cfg: RelayConfig, ledger: Ledger, instance_id: int) -> dict[str, set[int]]:
+    """The nice values of every thread of an instance's running driver (its JVM, the Python driver
+    and what they started) and of its executors (the processes working in the worker's folder of
+    its application, and theirs): what ``relay.standby_priority`` sets. Empty sets: none yet."""
+    import os
+
+    from relay.standby_priority import jvm_above, process_tree
+
+    running = [a for a in ledger.attempts(instance_id) if a.state is AttemptState.RUNNING]
+    attempt = running[-1] if running else None
+    jvm = jvm_above(attempt.pid) if attempt and attempt.pid else None
+    driver = set(process_tree(jvm)) if jvm else set()
+    executors: set[int] = set()
+    if attempt and attempt.app_id:
+        folder = str(cfg.spark_dir / "work" / attempt.app_id) + os.sep
+        for name in os.listdir("/proc"):
+            try:
+                if name.isdigit() and os.readlink(f"/proc/{name}/cwd").startswith(folder):
+                    executors.update(process_tree(int(name)))
+            except OSError:
+                continue
+    return {"driver": _thread_nice(driver), "executors": _thread_nice(executors)}
+
+
+def _thread_nice(pids: set[int]) -> set[int]:
+    import os
+
+    nice: set[int] = set()
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                nice.add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+            except OSError:
+                continue
+    return nice
+
+
+class NiceWatch:
+    """Samples an instance's ``instance_nice`` on a thread (every 0.2 s) until stopped: what its
+    processes ran at while a warm standby, a phase no step of the upgrade waits in."""
+
+    def __init__(self, cfg: RelayConfig, ledger: Ledger, instance_id: int) -> None:
+        self.samples: list[dict[str, set[int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(cfg, ledger, instance_id), daemon=True)
+        self._thread.start()
+
+    def _run(self, cfg: RelayConfig, ledger: Ledger, instance_id: int) -> None:
+        while not self._stop.wait(0.2):
+            sample = instance_nice(cfg, ledger, instance_id)
+            if sample["driver"] and sample["executors"]:
+                self.samples.append(sample)
+
+    def stop(self) -> list[dict[str, set[int]]]:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        return self.samples
+
+
 def wait_relaunched(ledger: Ledger, instance_id: int, after_attempt: int, timeout: float) -> None:
     """Until the master relaunched the killed driver: an attempt newer than ``after_attempt`` runs."""
     wait_for(

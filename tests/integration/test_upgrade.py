@@ -21,10 +21,19 @@ from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
 from relay.producer import produce
+from relay.standby_priority import can_take_back
 from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
-from tests.integration.helpers import Load, caught_up, dag_test, start_rogue_app, versions_by_offset
+from tests.integration.helpers import (
+    Load,
+    NiceWatch,
+    caught_up,
+    dag_test,
+    instance_nice,
+    start_rogue_app,
+    versions_by_offset,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +55,18 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     deploy(cfg, version="v1", wait_s=240)
     build_artifact(cfg, "v2")
 
-    # Messages keep coming (50/s) during the whole upgrade, green's warm-up included.
+    # Messages keep coming (50/s) during the whole upgrade, green's warm-up included. While a
+    # standby, green's driver and executors run at a lower priority (relay.standby_priority).
+    watches: list[NiceWatch] = []
+
+    def progress(message: str) -> None:
+        if "submitted as a warm standby" in message:
+            watches.append(NiceWatch(cfg, ledger, int(message.split("instance ")[1].split(",")[0])))
+        elif " is READY after " in message:
+            watches[0].stop()
+
     with Load(cfg) as load:
-        result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)
+        result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240, progress=progress)
     assert result["state"] == UpgradeState.DONE.value, result
     assert result["duplicates"] == 0 and result["gaps"] == 0
     assert [h["state"] for h in result["history"]] == [
@@ -62,6 +80,10 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     ]
     green = ledger.instance(result["green_id"])
     wait_for("green to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
+    lowered = cfg.standby_nice if can_take_back(0) else 0  # never lowered where it can't be taken back
+    standby = {(frozenset(s["driver"]), frozenset(s["executors"])) for s in watches[0].stop()}
+    assert (frozenset({lowered}), frozenset({lowered})) in standby, standby  # every thread of both
+    assert instance_nice(cfg, ledger, green.id) == {"driver": {0}, "executors": {0}}  # taken back at READY
 
     report = audit(cfg, ledger)
     assert report.ok and report.message_count == 1000 + load.sent, report.to_json()
