@@ -267,21 +267,28 @@ def test_latency_windows_pause_and_exactly_once_counts() -> None:
     assert latency_summary([]) == {"n": 0, "p50_s": None, "p99_s": None, "max_s": None, "worst": None}
 
 
-def test_the_handoff_pause_counts_only_the_records_in_flight_from_the_handoff_to_catching_up() -> None:
-    """Green's start-up slows blue long before the handoff: that record is the operation's pause,
+def test_the_operation_is_split_at_the_handoff_into_start_up_and_handoff_pauses() -> None:
+    """Green's start-up slows blue long before the handoff: that record is the start-up's pause,
     not the handoff's."""
     from relay_dev.bench.pause import join_samples, latency_summary
-    from relay_dev.bench.upgrade import _handoff_pause
+    from relay_dev.bench.upgrade import _phase_pauses
 
-    produced = {(0, 0): 10.0, (0, 1): 50.0, (0, 2): 51.0}
-    applied = {(0, 0): [16.0], (0, 1): [52.5], (0, 2): [52.0]}  # 6 s at start-up, 2.5 s at the handoff
+    produced = {(0, 0): 10.0, (0, 1): 50.0, (0, 2): 51.0, (0, 3): 20.0}
+    # 6 s and 1 s at start-up, 2.5 s and 1 s at the handoff
+    applied = {(0, 0): [16.0], (0, 1): [52.5], (0, 2): [52.0], (0, 3): [21.0]}
     samples = join_samples(produced, applied)
-    steady, lat = {"max_s": 2.0}, {}
-    result = {"handoff_at": 50.5, "caught_up_at": 52.5}
-    names = {f["name"]: f["value"] for f in _handoff_pause("upgrade", result, samples, steady, lat)}
-    assert names == {"upgrade: latency max at the handoff": 2.5, "upgrade: pause at the handoff": 0.5}
-    assert lat["upgrade handoff"] == latency_summary(samples[1:])
-    assert _handoff_pause("rollback", {"handoff_at": 50.5}, samples, steady, lat) == []
+    steady, lat = {"max_s": 2.0, "p50_s": 0.8}, {}
+    result = {"started_at": 5.0, "handoff_at": 50.5, "caught_up_at": 52.5}
+    names = {f["name"]: f["value"] for f in _phase_pauses("upgrade", result, samples, steady, lat)}
+    assert names == {
+        "upgrade: latency p50 during green's start-up": 2.5,  # 1, 2.5 (in flight at 50-50.5), 6
+        "upgrade: pause during green's start-up": 4.0,
+        "upgrade: latency max at the handoff": 2.5,
+        "upgrade: pause at the handoff": 0.5,
+    }
+    assert lat["upgrade handoff"] == latency_summary(s for s in samples if s.produced >= 50)
+    assert lat["upgrade start-up"] == latency_summary(s for s in samples if s.produced <= 50)
+    assert _phase_pauses("rollback", {"started_at": 5.0, "handoff_at": 50.5}, samples, steady, lat) == []
 
 
 def test_timing_figures_print_the_keys_the_result_has() -> None:

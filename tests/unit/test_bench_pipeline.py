@@ -9,16 +9,15 @@ from pathlib import Path
 import pytest
 from relay.errors import OperationError
 from relay_dev.bench.options import SECTIONS, BenchOptions
-from relay_dev.bench.pipeline import (
+from relay_dev.bench.pipeline import growth_pct, patch_pipeline
+from relay_dev.bench.pipeline_backlog import (
     EXAMPLE,
     TABLE,
     TOPIC,
-    growth_pct,
     id_count,
     json_record,
     newest_name_sql,
     newest_rows,
-    patch_pipeline,
 )
 from relay_dev.bench.runner import NEEDS_STACK, SECTION_FUNCS, results_copy_path
 
@@ -82,3 +81,33 @@ def test_growth_and_the_results_copy_name() -> None:
         == "pipeline-20250101-000000.json"
     )
     assert results_copy_path(Path("r"), BenchOptions.build(), "s").name == "all-s.json"
+
+
+def test_figures_name_the_two_core_run_and_compare_memory_on_one_core() -> None:
+    """The third deploy (two executor cores) is labelled as such; the driver's memory growth
+    compares the two one-core deploys (the read limits), not the two-core one."""
+    from relay_dev.bench.pipeline import pipeline_figures
+
+    def run(limit: int, cores: int, msg_s: float, jvm_mb: float) -> dict:
+        relay = {
+            "msg_s": msg_s,
+            "warm_msg_s": msg_s,
+            "first_batch_s": 1.0,
+            "max_batch_rows": limit,
+            "batches": 3,
+        }
+        memory = {"jvm_vmhwm_mb": jvm_mb, "python_vmhwm_mb": 50.0}
+        return {
+            "limit": limit,
+            "executor_cores": cores,
+            "relay": relay,
+            "memory": memory,
+            "deploy_to_caught_up_s": 9,
+        }
+
+    runs = [run(10_000, 1, 1000.0, 400.0), run(200_000, 1, 1500.0, 440.0), run(200_000, 2, 2400.0, 900.0)]
+    figures = {(f["name"], f["baseline_name"]): f for f in pipeline_figures(5000.0, 2000.0, runs)}
+    two = figures[("json_upsert applied e2e, limit 200,000, 2 cores", "kafka-python json.loads + upsert")]
+    assert two["value"] == 2400.0 and two["ratio"] == 1.2
+    growth = figures[("driver JVM peak RSS growth", "goal (at most)")]
+    assert growth["value"] == 10.0  # 400 -> 440 MiB, the two-core run's 900 left out

@@ -121,6 +121,6 @@ def test_section_registered() -> None:
 
 
 def test_the_example_still_patches() -> None:
-    from relay_dev.bench.pipeline import EXAMPLE
+    from relay_dev.bench.pipeline_backlog import EXAMPLE
 
     assert 'TOPIC = "ju_small"' in patch_topic((EXAMPLE / "pipeline.py").read_text(), "ju_small")

@@ -7,95 +7,42 @@ holds the ledger and one fresh sink database per reader:
 - baselines: a bare kafka-python consumer that only reads, and one that parses (``json.loads``) and
   upserts newest-wins by id into a table of the example's shape (``execute_values`` in pages, one
   transaction per poll), as a hand-written consumer would (no fence, no ledger, no exactly-once);
-- the example, deployed twice in cluster mode (its code copied, only the pipeline's name and its
-  ``max_offsets_per_trigger`` changed: 10,000 then 200,000): applied msg/s from the ledger's batches
-  (as in ``throughput``), the driver JVM's and the Python driver's peak RSS (``VmHWM``) for each read
-  limit, and the table checked to hold the newest value of every id.
+- the example, deployed three times in cluster mode (its code copied, only the pipeline's name and
+  its ``max_offsets_per_trigger`` changed: 10,000 then 200,000 on one executor core, then 200,000 on
+  two: two readers): applied msg/s from the ledger's batches (as in ``throughput``), the driver JVM's
+  and the Python driver's peak RSS (``VmHWM``) for each read limit on one core, and the table checked
+  to hold the newest value of every id.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config import RelayConfig
 from relay.errors import OperationError, RelayError
 
 from .cluster import latest_offsets, wait_caught_up
 from .context import Context, instance_batches
+from .pipeline_backlog import EXAMPLE, TOPIC, check_table, produce_json, sink_database, upsert_consumer
 from .results import figure
 from .stats import fmt_number
 from .throughput import plain_consumer, throughput_from_batches
 
-EXAMPLE = PROJECT_ROOT / "examples" / "json_upsert"
-TOPIC = "json_upsert"  # the example's topic
-TABLE = "json_upsert_users"
 SINK_URL_ENV = "JSON_UPSERT_SINK_URL"
 LIMITS = (10_000, 200_000)  # maxOffsetsPerTrigger of the two deploys (the memory comparison)
+TWO_CORES = 2  # the last deploy: two executor cores at the larger read limit
 RSS_GOAL_PCT = 15.0  # the driver's memory should stay flat within this when batches grow 20x
-PAGE_SIZE = 2000  # PostgresUpsertSink's default page
-UPDATES_PER_ID = 5
-
-BASELINE_UPSERT = (
-    f"INSERT INTO {TABLE} AS t (id, name, score, _relay_topic, _relay_partition, _relay_offset) "
-    "VALUES %s ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, score = EXCLUDED.score, "
-    "_relay_topic = EXCLUDED._relay_topic, _relay_partition = EXCLUDED._relay_partition, "
-    "_relay_offset = EXCLUDED._relay_offset WHERE t._relay_offset < EXCLUDED._relay_offset"
-)
 
 
 # ------------------------------------------------------------------------------------------ pure
-def id_count(messages: int) -> int:
-    """Distinct ids of a backlog: every id is updated ~UPDATES_PER_ID times."""
-    return max(1, messages // UPDATES_PER_ID)
-
-
-def json_record(i: int, ids: int) -> tuple[bytes, bytes]:
-    """The i-th record: (key, value); round ``i // ids`` of id ``i % ids``."""
-    ident, rnd = i % ids, i // ids
-    value = {"id": ident, "name": f"user{ident}-r{rnd}", "score": rnd + ident / 1_000_000}
-    return str(ident).encode(), json.dumps(value).encode()
-
-
-def newest_name_sql(messages: int, ids: int) -> str:
-    """SQL counting the rows that hold their id's last round (must equal ``ids``)."""
-    last, extra = divmod(messages, ids)
-    return (
-        f"SELECT count(*) FROM {TABLE} WHERE name = 'user' || id || '-r' || "
-        f"CASE WHEN id < {extra} THEN {last} ELSE {last - 1} END"
-    )
-
-
-def newest_rows(records: Iterable[tuple[int, int, bytes | None]]) -> list[tuple[Any, ...]]:
-    """(partition, offset, value) -> one upsert row per id (its highest offset), in id order.
-
-    Values that are not JSON objects with an id are dropped (as the example's transform does); one
-    ``ON CONFLICT`` command may not touch a row twice, and a single lock order avoids deadlocks.
-    """
-    best: dict[int, tuple[Any, ...]] = {}
-    for partition, offset, value in records:
-        try:
-            doc = json.loads(value) if value is not None else None
-        except ValueError:
-            continue
-        if not isinstance(doc, dict) or doc.get("id") is None:
-            continue
-        ident = int(doc["id"])
-        held = best.get(ident)
-        if held is None or held[5] < offset:
-            best[ident] = (ident, doc.get("name"), doc.get("score"), TOPIC, partition, offset)
-    return [best[k] for k in sorted(best)]
-
-
 def patch_pipeline(source: str, name: str, limit: int) -> str:
     """The example's pipeline.py with another pipeline name and read limit (nothing else changes)."""
     out, n_name = re.subn(r'name="json_upsert"', f'name="{name}"', source)
@@ -115,103 +62,6 @@ def growth_pct(small: float | None, big: float | None) -> float | None:
 
 
 # --------------------------------------------------------------------------------- environment
-def _libpq(url: str) -> str:
-    return "postgresql://" + url.split("://", 1)[1]
-
-
-def sink_database(ledger_url: str, name: str) -> str:
-    """A fresh database on the ledger's server holding the example's table; its libpq URL."""
-    import psycopg2
-    from sqlalchemy.engine import make_url
-
-    admin = psycopg2.connect(_libpq(ledger_url))
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-    finally:
-        admin.close()
-    url = _libpq(make_url(ledger_url).set(database=name).render_as_string(hide_password=False))
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute((EXAMPLE / "schema.sql").read_text())
-    conn.close()
-    return url
-
-
-def check_table(url: str, messages: int, ids: int) -> dict[str, int]:
-    import psycopg2
-
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT count(*) FROM {TABLE}")
-        rows = int(cur.fetchone()[0])
-        cur.execute(newest_name_sql(messages, ids))
-        newest = int(cur.fetchone()[0])
-    conn.close()
-    return {"rows": rows, "newest": newest, "ids": ids}
-
-
-def produce_json(bootstrap: str, topic: str, messages: int) -> dict[str, Any]:
-    from kafka import KafkaProducer
-
-    ids = id_count(messages)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, batch_size=256 * 1024)
-    t0 = time.monotonic()
-    try:
-        for i in range(messages):
-            key, value = json_record(i, ids)
-            producer.send(topic, key=key, value=value)
-        producer.flush(300)
-    finally:
-        producer.close()
-    seconds = time.monotonic() - t0
-    return {"sent": messages, "ids": ids, "seconds": seconds, "msg_s": messages / seconds}
-
-
-def _records(bootstrap: str, topic: str) -> Iterator[list[tuple[int, int, bytes | None]]]:
-    """Every record of ``topic`` from the beginning to the end now, one list per poll."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
-        consumer.seek_to_beginning(*tps)
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            polled = consumer.poll(timeout_ms=1000, max_records=10_000)
-            yield [(tp.partition, r.offset, r.value) for tp, recs in polled.items() for r in recs]
-    finally:
-        consumer.close()
-
-
-def upsert_consumer(bootstrap: str, topic: str, url: str) -> dict[str, Any]:
-    """Baseline: kafka-python + json.loads + newest-wins upsert, one transaction per poll."""
-    import psycopg2
-    from psycopg2.extras import execute_values
-
-    conn = psycopg2.connect(url)
-    rows = written = 0
-    t0 = time.monotonic()
-    try:
-        for polled in _records(bootstrap, topic):
-            rows += len(polled)
-            values = newest_rows(polled)
-            if values:
-                with conn.cursor() as cur:
-                    execute_values(cur, BASELINE_UPSERT, values, page_size=PAGE_SIZE)
-                conn.commit()
-                written += len(values)
-        seconds = time.monotonic() - t0
-    finally:
-        conn.close()
-    return {
-        "rows": rows,
-        "upserted": written,
-        "seconds": seconds,
-        "msg_s": rows / seconds if seconds else None,
-    }
-
-
 def _kib(pid: int, field: str) -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -248,14 +98,24 @@ def package_variant(root: Path, name: str, limit: int) -> Path:
 
 
 # ------------------------------------------------------------------------------------- the runs
-def run_variant(ctx: Context, ledger_url: str, limit: int, messages: int, ids: int) -> dict[str, Any]:
-    """Deploy the example with read limit ``limit``, wait for the backlog, measure, stop it."""
+def run_variant(
+    ctx: Context, ledger_url: str, limit: int, messages: int, ids: int, cores: int = 1
+) -> dict[str, Any]:
+    """Deploy the example with read limit ``limit`` and ``cores`` executor cores (that many tasks
+    read and write at once), wait for the backlog, measure, stop it."""
     from relay.artifacts import build_artifact
     from relay.operations.deploy import deploy
     from relay.operations.stop import stop
 
-    name = f"ju_m{limit}"
-    cfg = ctx.config.with_(pipeline=name, topic=TOPIC, ledger_url=ledger_url, max_offsets_per_trigger=limit)
+    name = f"ju_m{limit}" + (f"_c{cores}" if cores > 1 else "")
+    cfg = ctx.config.with_(
+        pipeline=name,
+        topic=TOPIC,
+        ledger_url=ledger_url,
+        max_offsets_per_trigger=limit,
+        executor_cores=cores,
+        cores_max=cores,
+    )
     package = package_variant(ctx.work_dir / "pipeline-code", name, limit)
     url = sink_database(ledger_url, f"sink_{name}_{uuid.uuid4().hex[:6]}")
     build_artifact(cfg, f"{name}-v1", pipeline_code=package)
@@ -264,7 +124,10 @@ def run_variant(ctx: Context, ledger_url: str, limit: int, messages: int, ids: i
     try:
         # where deploy runs: the launcher copies it to the driver's env
         with mock.patch.dict(os.environ, {SINK_URL_ENV: url}):
-            ctx.progress(f"pipeline: deploying {name} (maxOffsetsPerTrigger {limit:,}) in cluster mode")
+            ctx.progress(
+                f"pipeline: deploying {name} (maxOffsetsPerTrigger {limit:,}, {cores} executor core(s))"
+                " in cluster mode"
+            )
             info = deploy(cfg, version=f"{name}-v1", wait_s=600, progress=ctx.progress)
             instance_id = int(info["instance_id"])
             waited = wait_caught_up(cfg, ctx.progress, max(600.0, messages / 100), name)
@@ -301,7 +164,10 @@ def pipeline_figures(read_s: float | None, upsert_s: float | None, runs: list[di
     upsert_name, read_name, up = "kafka-python json.loads + upsert", "kafka-python read only", "higher"
     figures = [figure(upsert_name, upsert_s, "msg/s", read_name, read_s, better=up)]
     for r in runs:
-        lim, s = f"{r['limit']:,}", r["relay"]
+        lim, s = (
+            f"{r['limit']:,}" + (f", {r['executor_cores']} cores" if r["executor_cores"] > 1 else ""),
+            r["relay"],
+        )
         figures += [
             figure(f"json_upsert applied e2e, limit {lim}", s["msg_s"], "msg/s", upsert_name, upsert_s, up),
             figure(f"json_upsert applied e2e, limit {lim}", s["msg_s"], "msg/s", read_name, read_s, up),
@@ -324,8 +190,8 @@ def pipeline_figures(read_s: float | None, upsert_s: float | None, runs: list[di
             figure(f"batches for the backlog, limit {lim}", s["batches"], "batches"),
             figure(f"deploy call -> backlog applied, limit {lim}", r["deploy_to_caught_up_s"], "s"),
         ]
-    small, big = (r["memory"] for r in runs)
-    lo, hi = (f"limit {r['limit']:,}" for r in runs)
+    small, big = (r["memory"] for r in runs[:2])  # one executor core, the two read limits
+    lo, hi = (f"limit {r['limit']:,}" for r in runs[:2])
     for label, key in (("driver JVM", "jvm_vmhwm_mb"), ("Python driver", "python_vmhwm_mb")):
         figures += [
             figure(f"{label} peak RSS, {lo}", small[key], "MiB"),
@@ -365,6 +231,8 @@ def section_pipeline(ctx: Context) -> dict[str, Any]:
         upsert["table"] = check_table(base_url, n, ids)
         ctx.progress(f"pipeline: kafka-python json.loads + upsert: {fmt_number(upsert['msg_s'])} msg/s")
         runs = [run_variant(ctx, ledger_url, limit, n, ids) for limit in LIMITS]
+        # two cores, two readers: the issue's aim (1.5x the hand-written consumer)
+        runs.append(run_variant(ctx, ledger_url, LIMITS[-1], n, ids, cores=TWO_CORES))
     finally:
         with contextlib.suppress(RelayError):
             pg.stop()

@@ -40,7 +40,8 @@ from relay.errors import OperationError, RelayError
 from .cluster import wait_caught_up
 from .context import Context, driver_stdout
 from .overhead import checkpoint_spans
-from .pipeline import SINK_URL_ENV, json_record, package_variant, sink_database
+from .pipeline import SINK_URL_ENV, package_variant
+from .pipeline_backlog import json_record, sink_database
 from .results import figure, load_average
 from .stats import fmt_number, fmt_ratio, ratio, summarize
 from .submit import end_driver

@@ -208,7 +208,7 @@ def _figures(
         figures += [
             figure(f"{label}: latency max", lat[label]["max_s"], "s", "steady max", steady["max_s"]),
             figure(f"{label}: pause (max - steady max)", pause_s(lat[label], steady), "s", "target", 2.0),
-            *_handoff_pause(label, result, samples, steady, lat),
+            *_phase_pauses(label, result, samples, steady, lat),
             *timing_figures(label, result, ctx.deploy_first_commit_s),
             figure(f"{label}: duplicates (must be 0)", dups, "records"),
             figure(f"{label}: gaps (must be 0)", gaps, "records"),
@@ -224,17 +224,27 @@ def _figures(
     return figures, bad
 
 
-def _handoff_pause(
+def _phase_pauses(
     label: str, result: dict[str, Any], samples: list[Sample], steady: dict[str, Any], lat: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """The pause of the records the handoff itself held: in flight between the handoff and green's
-    catching up. The operation's pause above also counts green's start-up (a second driver and
-    executor on the same cores, for ~2 minutes before it), which slows blue's batches."""
-    h0, h1 = result.get("handoff_at"), result.get("caught_up_at")
-    if not h0 or not h1:
+    """The operation's two phases apart. Green's start-up (submission to the handoff): a second
+    driver and executor on the same cores slow blue's batches (``relay.standby_priority``); its p50
+    against steady state's says how much. The handoff (to green's catching up): the records the
+    handoff itself held."""
+    t0, h0, h1 = result.get("started_at"), result.get("handoff_at"), result.get("caught_up_at")
+    if not t0 or not h0 or not h1:
         return []
+    start_up = lat[f"{label} start-up"] = latency_summary(in_flight(samples, float(t0), float(h0)))
     at_handoff = lat[f"{label} handoff"] = latency_summary(in_flight(samples, float(h0), float(h1)))
     return [
+        figure(
+            f"{label}: latency p50 during green's start-up",
+            start_up["p50_s"],
+            "s",
+            "steady p50",
+            steady["p50_s"],
+        ),
+        figure(f"{label}: pause during green's start-up", pause_s(start_up, steady), "s", "target", 2.0),
         figure(
             f"{label}: latency max at the handoff", at_handoff["max_s"], "s", "steady max", steady["max_s"]
         ),
