@@ -345,6 +345,7 @@ class DriverRuntime:
     def _graceful_stop(self, query: Any, timeout_s: float = 120.0) -> int:
         """The source plans no batch once a stop is requested: wait for the running one, then stop."""
         self.ledger.request_stop(self.instance.id)
+        self.standby_cpu.lower_for_stop()
         deadline = time.time() + timeout_s
         while query.isActive and time.time() < deadline:
             if not query.status.get("isTriggerActive"):

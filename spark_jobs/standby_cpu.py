@@ -35,6 +35,11 @@ class StandbyCpu:
         if original is not None:
             self.driver = (root, original)
 
+    def lower_for_stop(self) -> None:
+        """A driver that stops gracefully has nothing left to apply: its shutdown (the query's,
+        the session's, the JVM's) yields the cores to the instance that took over. Not taken back."""
+        lower(jvm_above() or os.getpid(), self.nice, returning=False)
+
     def lower_executors(self, spark: Any) -> None:
         if self.nice <= 0:
             return

@@ -3,8 +3,9 @@
 Why: on a shared host green's start-up (its driver's and executor's JVMs, Python workers, the
 rehearsal batch) competed with blue for the cores, and blue's records waited: the worst latency of
 every upgrade measured fell during green's start-up, ~75 s before the handoff (issue #12's pause).
-So a standby lowers its CPU priority (a higher nice value) and takes its own back when the handoff
-makes it the writer.
+So a standby lowers its CPU priority (a higher nice value) and takes its own back when it is READY,
+and a driver that stops (blue after the handoff, with nothing left to apply) lowers its own before
+its shutdown work competes with green's first batches.
 
 Linux keeps the nice value per thread (``setpriority`` on a pid changes one thread) and a new
 thread or process inherits its creator's, so a process tree is re-niced thread by thread
@@ -117,15 +118,16 @@ def renice(pids: Iterable[int], nice: int) -> int:
     return changed
 
 
-def lower(root: int, nice: int) -> int | None:
+def lower(root: int, nice: int, returning: bool = True) -> int | None:
     """Lower ``root``'s tree to ``nice``; its previous nice value, or None when nothing changed
-    (switched off, already that low, not Linux, or a priority that could not be taken back)."""
+    (switched off, already that low, not Linux, or, when ``returning``, a priority that could not
+    be taken back; a process about to exit lowers it either way)."""
     if nice <= 0 or not os.path.isdir(f"/proc/{root}/task"):
         return None
     original = os.getpriority(os.PRIO_PROCESS, root)
     if nice <= original:
         return None
-    if not can_take_back(original):
+    if returning and not can_take_back(original):
         log.info(
             "standby priority left as is: this user may not take it back (root, CAP_SYS_NICE or RLIMIT_NICE)"
         )

@@ -74,7 +74,7 @@ def test_lower_sets_every_thread_of_the_tree_and_take_back_restores_them(tree) -
     assert nice_of_threads(parent) == {0} and nice_of_threads(child) == {0}
 
 
-def test_nothing_is_lowered_when_it_could_not_be_taken_back(tree, monkeypatch) -> None:
+def test_a_standby_is_not_lowered_where_it_could_not_be_taken_back(tree, monkeypatch) -> None:
     _, parent, child = tree
     monkeypatch.setattr(sp.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(sp, "_has_cap_sys_nice", lambda: False)
@@ -82,6 +82,9 @@ def test_nothing_is_lowered_when_it_could_not_be_taken_back(tree, monkeypatch) -
     assert sp.can_take_back(0) is False
     assert sp.lower(parent, 10) is None
     assert nice_of_threads(parent) == {0} and nice_of_threads(child) == {0}
+    # a driver that stops (blue after the handoff) lowers itself anyway: it never takes it back
+    assert sp.lower(parent, 10, returning=False) == 0
+    assert nice_of_threads(parent) == {10} and nice_of_threads(child) == {10}
 
 
 def test_switched_off_changes_nothing(tree) -> None:
