@@ -128,18 +128,10 @@ def lower(root: int, nice: int, returning: bool = True) -> int | None:
     if nice <= original:
         return None
     if returning and not can_take_back(original):
-        log.info(
-            "standby priority left as is: this user may not take it back (root, CAP_SYS_NICE or RLIMIT_NICE)"
-        )
+        log.info("priority unchanged: taking it back needs root, CAP_SYS_NICE or RLIMIT_NICE")
         return None
     threads = renice(process_tree(root), nice)
-    log.info(
-        "standby: %d threads of process %d at nice %d until the handoff (was %d)",
-        threads,
-        root,
-        nice,
-        original,
-    )
+    log.info("%d threads of process %d at nice %d (was %d)", threads, root, nice, original)
     return original
 
 
