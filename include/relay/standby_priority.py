@@ -101,21 +101,35 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+def threads(pid: int) -> list[int]:
+    """The thread ids of ``pid`` (none when it is gone)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
 def renice(pids: Iterable[int], nice: int) -> int:
     """Set ``nice`` on every thread of ``pids``; how many threads changed (gone ones are skipped)."""
     changed = 0
-    for pid in pids:
+    for tid in (tid for pid in pids for tid in threads(pid)):
         try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            changed += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return changed
+
+
+def thread_nice(pids: Iterable[int]) -> set[int]:
+    """The nice values found on the threads of ``pids`` (what ``renice`` set; gone ones skipped)."""
+    found: set[int] = set()
+    for tid in (tid for pid in pids for tid in threads(pid)):
+        try:
+            found.add(os.getpriority(os.PRIO_PROCESS, tid))
         except OSError:
             continue
-        for tid in tids:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-                changed += 1
-            except (ProcessLookupError, PermissionError):
-                continue
-    return changed
+    return found
 
 
 def lower(root: int, nice: int, returning: bool = True) -> int | None:

@@ -101,7 +101,7 @@ def instance_nice(cfg: RelayConfig, ledger: Ledger, instance_id: int) -> dict[st
     its application, and theirs): what ``relay.standby_priority`` sets. Empty sets: none yet."""
     import os
 
-    from relay.standby_priority import jvm_above, process_tree
+    from relay.standby_priority import jvm_above, process_tree, thread_nice
 
     running = [a for a in ledger.attempts(instance_id) if a.state is AttemptState.RUNNING]
     attempt = running[-1] if running else None
@@ -116,24 +116,7 @@ def instance_nice(cfg: RelayConfig, ledger: Ledger, instance_id: int) -> dict[st
                     executors.update(process_tree(int(name)))
             except OSError:
                 continue
-    return {"driver": _thread_nice(driver), "executors": _thread_nice(executors)}
-
-
-def _thread_nice(pids: set[int]) -> set[int]:
-    import os
-
-    nice: set[int] = set()
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                nice.add(os.getpriority(os.PRIO_PROCESS, int(tid)))
-            except OSError:
-                continue
-    return nice
+    return {"driver": thread_nice(driver), "executors": thread_nice(executors)}
 
 
 class NiceWatch:

@@ -55,10 +55,6 @@ def tree(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
         proc.wait(timeout=30)
 
 
-def nice_of_threads(pid: int) -> set[int]:
-    return {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
-
-
 def test_lower_sets_every_thread_of_the_tree_and_take_back_restores_them(tree) -> None:
     if not sp.can_take_back(0):
         pytest.skip("this user may not raise a priority back (root, CAP_SYS_NICE or RLIMIT_NICE)")
@@ -67,11 +63,11 @@ def test_lower_sets_every_thread_of_the_tree_and_take_back_restores_them(tree) -
     assert sorted(sp.process_tree(parent)) == sorted([parent, child])
 
     assert sp.lower(parent, 10) == 0
-    assert nice_of_threads(parent) == {10} and nice_of_threads(child) == {10}
+    assert sp.thread_nice([parent]) == {10} and sp.thread_nice([child]) == {10}
     assert sp.lower(parent, 10) is None  # already that low: nothing to take back twice
 
     sp.take_back(parent, 0)
-    assert nice_of_threads(parent) == {0} and nice_of_threads(child) == {0}
+    assert sp.thread_nice([parent]) == {0} and sp.thread_nice([child]) == {0}
 
 
 def test_a_standby_is_not_lowered_where_it_could_not_be_taken_back(tree, monkeypatch) -> None:
@@ -81,16 +77,16 @@ def test_a_standby_is_not_lowered_where_it_could_not_be_taken_back(tree, monkeyp
     monkeypatch.setattr(sp.resource, "getrlimit", lambda _limit: (0, 0))
     assert sp.can_take_back(0) is False
     assert sp.lower(parent, 10) is None
-    assert nice_of_threads(parent) == {0} and nice_of_threads(child) == {0}
+    assert sp.thread_nice([parent]) == {0} and sp.thread_nice([child]) == {0}
     # a driver that stops (blue after the handoff) lowers itself anyway: it never takes it back
     assert sp.lower(parent, 10, returning=False) == 0
-    assert nice_of_threads(parent) == {10} and nice_of_threads(child) == {10}
+    assert sp.thread_nice([parent]) == {10} and sp.thread_nice([child]) == {10}
 
 
 def test_switched_off_changes_nothing(tree) -> None:
     _, parent, child = tree
     assert sp.lower(parent, 0) is None
-    assert nice_of_threads(parent) == {0} and nice_of_threads(child) == {0}
+    assert sp.thread_nice([parent]) == {0} and sp.thread_nice([child]) == {0}
 
 
 def test_jvm_above_finds_a_spark_jvm_at_most_two_levels_up(tmp_path: Path) -> None:
