@@ -36,6 +36,7 @@ from driver_checks import (
     warm_up_executors,
 )
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
+from query_progress import log_progress
 from relay.checkpoint import planned_offsets
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
@@ -195,7 +196,7 @@ class DriverRuntime:
             raise RuntimeError(f"version {version} was built to fail at start-up (build --fail-at-start)")
         check_data_loss(ledger, inst.id, args.bootstrap)
         self._wait_for_predecessors(predecessors)
-        if self.standby:
+        if self.instance.state.standby:
             self.standby_cpu.lower_driver()
         self.spark = spark = build_session(args, inst.app_name)
         ledger.set_attempt_app(self.attempt.id, spark.sparkContext.applicationId)
@@ -359,28 +360,6 @@ class DriverRuntime:
             self.ledger.set_instance(inst.id, state=InstanceState.STOPPED)
         log.info("stopped gracefully")
         return self._end(AttemptState.STOPPED, None, EXIT_OK)
-
-
-def log_progress(query: Any, logged: tuple[int, str] | None) -> tuple[int, str] | None:
-    """Log Spark's per-step times (``durationMs``) of the last batch that ran, once; its key.
-
-    Where a batch's time goes around the tasks: latestOffset (the source's planning and the
-    ledger's guard), walCommit (``offsets/N``), queryPlanning, addBatch (``foreachBatch``: the
-    driver's steps are logged with the batch, then the tasks) and commitOffsets (``commits/N``).
-    A trigger that found no data (no addBatch) is not logged. Diagnostics only: never fails.
-    """
-    try:
-        progress = query.lastProgress
-    except Exception:  # noqa: BLE001 - e.g. the query ending meanwhile: the loop below tells
-        return logged
-    if progress is None or "addBatch" not in progress.durationMs:
-        return logged
-    key = (progress.batchId, progress.timestamp)
-    if key == logged:
-        return logged
-    steps = ", ".join(f"{k} {v}" for k, v in sorted(progress.durationMs.items()))
-    log.info("batch %s: %s rows; Spark's steps (ms): %s", progress.batchId, progress.numInputRows, steps)
-    return key
 
 
 def run_main(

@@ -129,7 +129,7 @@ class _Query:
 
 
 def test_each_batchs_spark_steps_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    from driver_runtime import log_progress
+    from query_progress import log_progress
 
     q = _Query()
     caplog.set_level("INFO", logger="relay.job")

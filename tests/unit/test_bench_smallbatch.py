@@ -16,7 +16,7 @@ from relay_dev.bench.smallbatch import (
     smallbatch_figures,
 )
 
-# As driver_runtime.log_progress (side A) and rate_pipeline_driver.log_progress (side B) log them.
+# As query_progress.log_progress (side A) and rate_pipeline_driver.log_progress (side B) log them.
 STEPS = "Spark's steps (ms):"
 
 

@@ -14,7 +14,7 @@ Before the query, one warm-up job over a few static rows through the same path (
 written) starts the executors' Python workers, as side A's warm-up batch does.
 
 Its own checkpoint, the same trigger. Spark's ``durationMs`` of the last batch is logged once per
-second exactly as ``driver_runtime.log_progress`` does (``batch N: R rows; Spark's steps (ms): ...``),
+second exactly as ``query_progress.log_progress`` does (``batch N: R rows; Spark's steps (ms): ...``),
 so both sides are sampled the same way. Stops gracefully after ``--seconds`` (no trigger active, then
 ``query.stop()``) and exits 0. Imports pyspark and relay only (never relay_dev: it runs from this
 file under Spark's PythonRunner).
@@ -80,7 +80,7 @@ def kafka_like(rate: Any, topic: str, partitions: int, ids: int) -> Any:
 
 
 def log_progress(query: Any, logged: tuple[int, str] | None) -> tuple[int, str] | None:
-    """``driver_runtime.log_progress``'s line for the last batch that ran, once (same condition)."""
+    """``query_progress.log_progress``'s line for the last batch that ran, once (same condition)."""
     try:
         progress = query.lastProgress
     except Exception:  # noqa: BLE001 - the query ending meanwhile: the loop tells
