@@ -9,6 +9,14 @@ the CLI): single instance (ledger vs Spark
 master), driver state and restarts, progress and stall, lag, retention margin, batch latency, dead
 letters. The structured report is persisted in the ledger and returned as the task's XCom.
 
+**Self-heal** (`RELAY_HEAL`, on by default): before the checks, an ACTIVE instance whose driver Spark
+will never run again (the master reports it KILLED, FAILED, FINISHED or ERROR, or no longer knows it)
+is relaunched: same instance and checkpoint, a new submission and launch token (the ledger's new epoch
+fences anything of the old one). Never during an upgrade, recovery or stop, never while its last
+attempt still heartbeats, at most 3 times an hour per instance; the report's `self_heal` check says
+what it did (WARN) or why a person must act (CRITICAL). This schedule bounds how long such a
+pipeline stays down: shorten it if 5 minutes is too long.
+
 **The run fails on CRITICAL** (`HealthCriticalError`, an `AirflowFailException`: no retry, the state
 will not change in a few seconds) and the failure reaches a person through the notifier
 `RelayAlertNotifier` (`on_failure_callback` of every task): it POSTs the report's summary (one line per
@@ -52,7 +60,8 @@ with relay_dag(
         from relay_airflow.notifiers import HealthCriticalError
 
         get_current_context()["relay_pipeline"] = pipeline  # the mapped task's label in the UI
-        report = run_health(relay_config_from_connections(pipeline=pipeline))
+        config = relay_config_from_connections(pipeline=pipeline)
+        report = run_health(config, heal=config.heal)
         log.info("%s", report.summary())
         if report.status.value == "CRITICAL":
             raise HealthCriticalError(report.to_json())

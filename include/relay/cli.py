@@ -191,7 +191,7 @@ def cmd_health(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """Run the checks once; the summary goes to stderr, the report to stdout, exit 2 when CRITICAL."""
     from relay.health import run_health
 
-    report = run_health(cfg)
+    report = run_health(cfg, heal=a.heal)
     _say(report.summary())
     return report.to_json()
 
@@ -332,7 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reason", default="")
     r.add_argument("--allow-reprocess", action="store_true")
     r.add_argument("--local", action="store_true")
-    sub.add_parser("health", help="run the health checks once, persist the report (exit 2 if CRITICAL)")
+    health = sub.add_parser(
+        "health", help="run the health checks once, persist the report (exit 2 if CRITICAL)"
+    )
+    health.add_argument(
+        "--heal",
+        action="store_true",
+        help="first relaunch an ACTIVE instance whose driver Spark will never run again (as the DAG does)",
+    )
     sub.add_parser("pipelines", help="the declared pipelines and their state in the ledger")
     _add_dev_commands(sub)
     return p

@@ -36,6 +36,17 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {env.get(name)!r}")
+
+
 BATCH_LIMITS = ("max_offsets_per_trigger", "trigger_seconds")
 """The settings a pipeline package, the operator and Relay's default may each give (an operator's
 wins: relay.pipeline.effective_limits)."""
@@ -105,6 +116,9 @@ class RelayConfig:
     standby_nice: int = 10
     """The CPU priority (nice) a warm standby's driver and executors run at until the handoff, so
     green's start-up does not slow blue on a shared host (``RELAY_STANDBY_NICE``; 0 = unchanged)."""
+    heal: bool = True
+    """The health check relaunches an ACTIVE instance whose driver Spark will never run again
+    (``RELAY_HEAL``; see relay.operations.heal)."""
     pipelines_file: Path | None = None
     """The pipelines file this pipeline was declared in (None: the environment's single pipeline).
     With a file, each pipeline's artifacts live in ``pipelines/<pipeline>/artifacts/`` (see
@@ -253,6 +267,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         pipeline_code=_path(env, "RELAY_PIPELINE_CODE"),
         keep_versions=_int(env, "RELAY_KEEP_VERSIONS", 5, MIN_KEEP_VERSIONS),
         standby_nice=_int(env, "RELAY_STANDBY_NICE", 10),
+        heal=_bool(env, "RELAY_HEAL", True),
         artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
         checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
         worker_spark_dir=_path(env, "RELAY_WORKER_SPARK_DIR"),

@@ -42,6 +42,7 @@ def config_env(config: RelayConfig) -> dict[str, str]:
         "RELAY_SPARK_REST_SECRET_FILE": str(config.spark_rest_secret_path),  # a path, never the key
         "RELAY_KEEP_VERSIONS": str(config.keep_versions),
         "RELAY_STANDBY_NICE": str(config.standby_nice),
+        "RELAY_HEAL": "true" if config.heal else "false",
         "RELAY_ARTIFACT_STORE": config.artifact_store,
     }
     if config.checkpoint_root is not None:

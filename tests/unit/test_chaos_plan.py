@@ -75,13 +75,20 @@ def test_summary_counts_human_actions_and_times() -> None:
         {"kind": "master", "at": 3.0, "next_commit_s": None, "healed_by": "tool", "human_actions": 1},
         {"kind": "master", "at": None, "skipped": "window over"},
     ]
-    actions = [{"kind": "pipeline", "ok": True, "seconds": 40.0, "next_commit_s": 41.0}]
+    actions = [
+        {"kind": "pipeline", "ok": True, "seconds": 40.0, "next_commit_s": 41.0},
+        {"kind": "self_heal", "ok": True, "seconds": 2.0, "next_commit_s": 45.0},
+    ]
     rows = summarize_kinds(events, actions, ["driver", "master"])
     by = {r["kind"]: r for r in rows}
     assert by["driver"]["injected"] == 2 and by["driver"]["next_commit_median_s"] == 25.0
     assert by["master"]["human_actions"] == 1 and by["master"]["skipped"] == 1
     assert by["master"]["no_commit_after"] == 1
     assert by["pipeline redeploy"]["human_actions"] == 1
+    # the health check's relaunch is the platform healing itself, not a person
+    heal = by["health self-heal"]
+    assert heal["human_actions"] == 0 and heal["healed_by"] == ["relay health --heal"]
+    assert heal["next_commit_median_s"] == 45.0
     result = {
         "kinds": rows,
         "options": {"rate": 100},
@@ -123,14 +130,18 @@ def test_healer_counts_only_time_when_the_stack_is_whole(monkeypatch: pytest.Mon
     busy = [False]
     healer = _healer([(1, "ACTIVE", None)], busy)
     monkeypatch.setattr(healer, "_driver_somewhere", lambda: False)
-    for step in range(40):  # 80 s, but every other look the master is restarting
+    heals: list[int] = []
+    monkeypatch.setattr(healer, "health_heal", lambda: heals.append(step))
+    for step in range(160):  # 320 s, but every other look the master is restarting
         clock[0] += 2
         busy[0] = step % 2 == 0
         reason = healer.diagnose()
         if reason:
             break
     assert reason and "no driver" in reason
-    assert step >= 28  # ~30 s of a whole stack, not 30 s of wall clock
+    assert step >= 118  # ~120 s of a whole stack, not 120 s of wall clock
+    # the health check's self-heal ran first, every ~20 s of a whole stack, before any human action
+    assert heals and 18 <= heals[0] <= 22 and len(heals) == 6, heals
 
 
 def test_a_pipeline_package_runs_under_its_own_name_and_topic(tmp_path: Any) -> None:

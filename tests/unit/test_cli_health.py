@@ -52,8 +52,12 @@ def test_critical_report_exits_2_and_prints_the_summary(unreachable_stack, capsy
 def test_ok_and_warn_exit_0(unreachable_stack, capsys, monkeypatch, level: Level) -> None:
     check = Check("lag", level, "total lag 12 records" if level is Level.OK else "lag above 10 records")
     report = HealthReport("orders", time.time(), level, [check])
-    monkeypatch.setattr(relay.health, "run_health", lambda cfg: report)  # what cmd_health imports
+    asked: list[bool] = []
+    monkeypatch.setattr(relay.health, "run_health", lambda cfg, heal: asked.append(heal) or report)
+    assert main(["--json", "health", "--heal"]) == 0
+    capsys.readouterr()
     assert main(["--json", "health"]) == 0
+    assert asked == [True, False]  # the CLI relaunches nothing unless asked; the DAG follows RELAY_HEAL
     out, err = capsys.readouterr()
     assert err.splitlines()[0] == f"orders: {level.value}"
     assert json.loads(out)["status"] == level.value

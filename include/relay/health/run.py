@@ -31,6 +31,7 @@ from relay.health.report import (
 )
 from relay.ledger.models import Attempt
 from relay.ledger.store import Ledger
+from relay.operations.heal import Relaunch, relaunch_dead
 from relay.operations.inventory import Inventory
 
 
@@ -62,6 +63,33 @@ def _inventory(config: RelayConfig, ledger: Ledger) -> Inventory:
         return take_inventory(config, ledger, reconcile=False)
     except (SparkError, ConfigError) as exc:
         return Inventory(live=ledger.instances(config.pipeline, live_only=True), master_error=str(exc))
+
+
+def _self_heal(config: RelayConfig, ledger: Ledger, inv: Inventory) -> list[Relaunch]:
+    try:
+        return relaunch_dead(config, ledger, inv)
+    except RelayError as exc:  # the ledger or master failed mid-way: a finding, never a crashed run
+        return [Relaunch(i.id, i.submission_id, None, reason=f"self-heal failed: {exc}") for i in inv.dead]
+
+
+def _self_heal_check(healed: list[Relaunch]) -> Check:
+    """WARN for a relaunch (a driver died for good and came back) or a wait; CRITICAL when a person
+    must act (self-heal off, its budget spent, the relaunch refused)."""
+    data = {"instances": [r.to_json() for r in healed]}
+    text = "; ".join(
+        f"instance {r.instance_id}: "
+        + (
+            f"relaunched as {r.new_submission} ({r.reason})"
+            if r.relaunched
+            else f"not relaunched: {r.reason}"
+        )
+        for r in healed
+    )
+    if any(r.lasting for r in healed):
+        return Check(
+            "self_heal", Level.CRITICAL, text, data, "read the driver log, then relay stop and relay deploy"
+        )
+    return Check("self_heal", Level.WARN, text, data)
 
 
 def _offsets(config: RelayConfig, ledger: Ledger) -> list[dict]:
@@ -120,13 +148,16 @@ def run_health(
     retention_ms: int | None = None,
     thresholds: Thresholds | None = None,
     timestamps: dict[int, int | None] | None = None,
+    heal: bool = False,
 ) -> HealthReport:
     """Run every check of ``config.pipeline`` and persist the report (kind ``health``).
 
     ``offsets`` (rows as :func:`relay.status.offsets_view` returns), ``inventory``, ``retention_ms`` and
     ``timestamps`` (epoch ms of the record at each cursor) replace the live Kafka / Spark master lookups
     (tests, or a caller that already has them); with ``offsets`` given and no ``timestamps``, none are
-    read and lag seconds fall back to the consume rate.
+    read and lag seconds fall back to the consume rate. With ``heal`` (the health DAG's, when
+    ``RELAY_HEAL`` is on), an ACTIVE instance whose driver Spark will never run again is relaunched
+    first (relay.operations.heal) and the report says so in its ``self_heal`` check.
     """
     ledger = ledger or Ledger(config.ledger_url)
     th = thresholds or Thresholds()
@@ -135,6 +166,9 @@ def run_health(
     checks: list[Check] = []
 
     inv = inventory if inventory is not None else _inventory(config, ledger)
+    healed = _self_heal(config, ledger, inv) if heal and inv.dead else None
+    if healed and any(r.relaunched for r in healed) and inventory is None:
+        inv = _inventory(config, ledger)
     instances = ledger.instances(pipeline)
     attempts = {i.id: ledger.attempts(i.id) for i in instances}
     single = _guard(
@@ -144,6 +178,8 @@ def run_health(
         ),
     )
     checks.append(single)
+    if healed:
+        checks.append(_self_heal_check(healed))
     run_state = RunState(single.data.get("status", RunState.UNKNOWN.value))
     live_ids = {i.id for i in inv.live}
     checks.append(

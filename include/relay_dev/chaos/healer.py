@@ -1,10 +1,12 @@
 """Notice when the pipeline will not come back by itself, and do what a person would: stop, deploy.
 
 Why this exists: some faults may leave nothing running that Spark would relaunch (a crash loop
-makes the driver give up on purpose). Stack parts are not its business: supervisord restarts them
-and the master recovers its drivers from its recovery directory. Each redeploy done here is counted
-as a human action, with the reason it was needed, so the table says what a self-healing platform
-still has to learn.
+makes the driver give up on purpose). First it runs what the relay_health DAG runs on its schedule
+(``relay health --heal``: relaunches an ACTIVE instance whose driver the master ended for good); only
+if nothing runs long after that does it do what a person would. Stack parts are not its business:
+supervisord restarts them and the master recovers its drivers from its recovery directory. Each
+redeploy done here is counted as a human action, with the reason it was needed, so the table says
+what a self-healing platform still has to learn.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from relay_dev.chaos.observe import CommitWatcher
 
 Progress = Callable[[str], None]
 LIVE_STATES = ("STARTING", "ACTIVE", "DRAINING")
-NO_DRIVER_S = 30.0  # nothing runs nor waits to run a driver for this long: nobody will relaunch it
+SELF_HEAL_AFTER_S = 20.0  # no driver this long: run what the relay_health DAG runs (relay health --heal)
+NO_DRIVER_S = 120.0  # and still none this long after: nothing will relaunch it, a person must
 
 
 @dataclass
 class HumanAction:
-    """One thing the tool did that a self-healing stack should have done by itself."""
+    """One thing the tool did that a self-healing stack should have done by itself, or (kind
+    ``self_heal``, not a human action) the health check's own relaunch, as its DAG would run it."""
 
     kind: str
     reason: str
@@ -65,6 +69,7 @@ class PipelineHealer:
         self.actions: list[HumanAction] = []
         self._last_look = time.time()
         self._no_driver_s = 0.0  # seconds of a whole stack with no driver running or waiting to run
+        self._healed_at_s = 0.0  # _no_driver_s when the health check last tried to relaunch
         self._quiet_s = 0.0  # seconds of a whole stack without a new commit
         self._seen_commit = 0.0
         self._stop = threading.Event()
@@ -123,9 +128,12 @@ class PipelineHealer:
             return f"instance {last[0]} is {last[1]}: {(last[2] or '')[:160]}"
         alive = self._driver_somewhere()
         if alive is None or alive:
-            self._no_driver_s = 0.0
+            self._no_driver_s = self._healed_at_s = 0.0
         else:
             self._no_driver_s += dt
+            if self._no_driver_s >= self._healed_at_s + SELF_HEAL_AFTER_S:
+                self._healed_at_s = self._no_driver_s
+                self.health_heal()
             if self._no_driver_s >= NO_DRIVER_S:
                 return (
                     f"instance {live[-1][0]} is {live[-1][1]} in the ledger but no driver runs or waits "
@@ -139,6 +147,26 @@ class PipelineHealer:
             if self._quiet_s > self.stall_s:
                 return f"no batch committed for {self._quiet_s:.0f}s of a whole stack"
         return None
+
+    def health_heal(self) -> None:
+        """``relay health --heal``, as the relay_health DAG runs it on its schedule: recorded (as
+        ``self_heal``) when it relaunched an instance, never counted as a human action."""
+        from relay.health import run_health
+
+        at = time.time()
+        try:
+            report = run_health(self.config, heal=True)
+        except RelayError as exc:
+            self.progress(f"health --heal: {type(exc).__name__}: {exc}")
+            return
+        check = next((c for c in report.checks if c.name == "self_heal"), None)
+        if check is None:
+            return
+        self.progress(f"health --heal: {check.message}")
+        relaunched = [r for r in check.data["instances"] if r["relaunched"]]
+        if relaunched:
+            action = HumanAction("self_heal", check.message, at, round(time.time() - at, 2), ok=True)
+            self.actions.append(action)
 
     def redeploy(self, reason: str) -> HumanAction:
         """``relay stop`` then ``relay deploy``: what the runbook says to do with a dead pipeline."""
@@ -161,7 +189,7 @@ class PipelineHealer:
             action.error = f"{type(exc).__name__}: {exc}"[:500]
             self.progress(f"redeploy failed (will look again): {action.error}")
         action.seconds = round(time.time() - action.at, 2)
-        self._no_driver_s = self._quiet_s = 0.0
+        self._no_driver_s = self._quiet_s = self._healed_at_s = 0.0
         self._last_look = time.time()
         self.actions.append(action)
         return action

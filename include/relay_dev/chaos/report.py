@@ -74,8 +74,13 @@ def summarize_kinds(
         )
     actions = list(actions)
     for label, mine, how in (
+        ("health self-heal", [a for a in actions if a["kind"] == "self_heal"], "relay health --heal"),
         ("pipeline redeploy", [a for a in actions if a["kind"] == "pipeline"], "relay stop + relay deploy"),
-        ("repair after window", [a for a in actions if a["kind"] != "pipeline"], "relay stack up"),
+        (
+            "repair after window",
+            [a for a in actions if a["kind"] not in ("pipeline", "self_heal")],
+            "relay stack up",
+        ),
     ):
         if not mine:
             continue
@@ -86,12 +91,12 @@ def summarize_kinds(
                 "injected": None,
                 "skipped": 0,
                 "errors": len([a for a in mine if not a.get("ok")]),
-                "healed_by": [f"chaos tool ({how})"],
+                "healed_by": [how if label == "health self-heal" else f"chaos tool ({how})"],
                 "next_commit_median_s": percentile(times, 50),
                 "next_commit_max_s": max(times) if times else None,
                 "no_commit_after": len(mine) - len(times),
                 "restart_median_s": percentile([a["seconds"] for a in mine if a.get("seconds")], 50),
-                "human_actions": len(mine),
+                "human_actions": 0 if label == "health self-heal" else len(mine),
             }
         )
     return rows
