@@ -12,17 +12,46 @@ from typing import Any
 
 from relay.errors import DataLossError
 from relay.kafka_offsets import KafkaOffsets
+from relay.ledger.models import Attempt, AttemptState
 from relay.ledger.store import Ledger
 
 CRASH_LOOP_ATTEMPTS = 5
 CRASH_LOOP_WINDOW_S = 300.0
 
 
-def crash_loop(ledger: Ledger, instance_id: int) -> bool:
-    """Too many attempts in a short window that committed nothing: stop relaunching and say so.
+JVM_GONE = "JVM gone: "
+"""How a driver's attempt error starts when its JVM died under it (killed with its worker or by a
+person): something outside its code ended it."""
 
-    Attempts that made progress are not a loop: a driver killed now and then (a lost worker, an
-    operator) must keep coming back however often it happens.
+
+def ended_from_outside(attempt: Attempt) -> bool:
+    """The attempt was ended by something outside its code: superseded or fenced (its driver killed
+    before it could record an end), found dead by a Relay command, or its JVM killed under it."""
+    error = attempt.error or ""
+    return attempt.state is AttemptState.FENCED or "(found by " in error or error.startswith(JVM_GONE)
+
+
+def jvm_gone(spark: Any, exc: BaseException) -> bool:
+    """The driver's JVM no longer answers (before a session: the gateway connection was refused)."""
+    if spark is None:
+        from py4j.protocol import Py4JNetworkError
+
+        return isinstance(exc, (ConnectionError, Py4JNetworkError))
+    try:
+        spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
+    except Exception:  # noqa: BLE001 - any failure to reach it means it is gone
+        return True
+    return False
+
+
+def crash_loop(ledger: Ledger, instance_id: int) -> bool:
+    """Too many attempts in a short window that failed by themselves: stop relaunching and say so.
+
+    Attempts that made progress are not a loop, and attempts ended from outside (killed, with their
+    worker or by a person) do not count: a driver killed again and again under dense faults (the
+    chaos run: a fault every ~9 s, ~45 s to a first batch) must keep coming back, while the health
+    check still reports the restarts. Its own failures (an exception with its JVM alive, a start-up
+    that fails) count, and five in a row without a commit end the loop.
     """
     since = time.time() - CRASH_LOOP_WINDOW_S
     productive = ledger.productive_attempts(instance_id)
@@ -31,7 +60,8 @@ def crash_loop(ledger: Ledger, instance_id: int) -> bool:
     for attempt in reversed(recent):  # the latest run of attempts without a committed batch
         if attempt.id in productive:
             break
-        stuck += 1
+        if not ended_from_outside(attempt):
+            stuck += 1
     return stuck >= CRASH_LOOP_ATTEMPTS
 
 

@@ -29,8 +29,10 @@ from typing import Any
 from driver_checks import (
     CRASH_LOOP_ATTEMPTS,
     CRASH_LOOP_WINDOW_S,
+    JVM_GONE,
     check_data_loss,
     crash_loop,
+    jvm_gone,
     ship_artifact,
     starting_offsets,
     warm_up_executors,
@@ -174,7 +176,8 @@ class DriverRuntime:
                 except RelayError:
                     pass  # the broker or the ledger is away: the relaunch will tell
             log.exception("attempt %s failed", attempt.id)
-            return self._end(AttemptState.CRASHED, f"{type(exc).__name__}: {exc}"[:4000], EXIT_RETRY)
+            gone = JVM_GONE if jvm_gone(self.spark, exc) else ""  # killed: not a crash loop
+            return self._end(AttemptState.CRASHED, f"{gone}{type(exc).__name__}: {exc}"[:4000], EXIT_RETRY)
 
     def _fail(self, reason: str, code: int) -> int:
         self.ledger.set_instance(self.instance.id, state=InstanceState.FAILED, error=reason)
