@@ -19,16 +19,16 @@ CRASH_LOOP_ATTEMPTS = 5
 CRASH_LOOP_WINDOW_S = 300.0
 
 
-JVM_GONE = "JVM gone: "
-"""How a driver's attempt error starts when its JVM died under it (killed with its worker or by a
-person): something outside its code ended it."""
+KILLED = "killed from outside: "
+"""How a driver's attempt error starts when something outside its code ended it: its JVM died under
+it (killed with its worker or by a person) or it got SIGTERM with no stop asked in the ledger."""
 
 
 def ended_from_outside(attempt: Attempt) -> bool:
     """The attempt was ended by something outside its code: superseded or fenced (its driver killed
     before it could record an end), found dead by a Relay command, or its JVM killed under it."""
     error = attempt.error or ""
-    return attempt.state is AttemptState.FENCED or "(found by " in error or error.startswith(JVM_GONE)
+    return attempt.state is AttemptState.FENCED or "(found by " in error or error.startswith(KILLED)
 
 
 def jvm_gone(spark: Any, exc: BaseException) -> bool:

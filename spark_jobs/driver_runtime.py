@@ -29,7 +29,7 @@ from typing import Any
 from driver_checks import (
     CRASH_LOOP_ATTEMPTS,
     CRASH_LOOP_WINDOW_S,
-    JVM_GONE,
+    KILLED,
     check_data_loss,
     crash_loop,
     jvm_gone,
@@ -176,7 +176,7 @@ class DriverRuntime:
                 except RelayError:
                     pass  # the broker or the ledger is away: the relaunch will tell
             log.exception("attempt %s failed", attempt.id)
-            gone = JVM_GONE if jvm_gone(self.spark, exc) else ""  # killed: not a crash loop
+            gone = KILLED if jvm_gone(self.spark, exc) else ""  # killed: not a crash loop
             return self._end(AttemptState.CRASHED, f"{gone}{type(exc).__name__}: {exc}"[:4000], EXIT_RETRY)
 
     def _fail(self, reason: str, code: int) -> int:
@@ -337,14 +337,26 @@ class DriverRuntime:
                     ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
                 elif current.state is InstanceState.STANDBY:  # warm: query up, first trigger done
                     self.mark_ready()
-            if current.stop_requested or self.stop_signal:
+            if current.stop_requested:
                 return self._graceful_stop(query)
+            if self.stop_signal:
+                return self._terminated(query)
         if self.zombie is not None:
             raise self.zombie
         exc = query.exception()
         if exc is not None:
             raise RelayError(f"streaming query failed: {exc}")
         return self._end(AttemptState.STOPPED, None, EXIT_OK)
+
+    def _terminated(self, query: Any) -> int:
+        """SIGTERM with no stop asked in the ledger: Spark killing the driver, a host shutting down,
+        a supervisor clearing a dead worker's drivers; never ``relay stop``, which asks in the
+        ledger. The instance stays live (the master or the health check relaunches it): ending it
+        STOPPED here left the pipeline down for a person in the chaos run."""
+        query.stop()
+        if self.zombie is not None:
+            raise self.zombie
+        return self._end(AttemptState.CRASHED, f"{KILLED}SIGTERM, no stop asked in the ledger", EXIT_RETRY)
 
     def _graceful_stop(self, query: Any, timeout_s: float = 120.0) -> int:
         """The source plans no batch once a stop is requested: wait for the running one, then stop."""

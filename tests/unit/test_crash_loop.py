@@ -9,7 +9,7 @@ redeploy. Attempts are written to a real SQLite ledger as each way of ending lea
 from __future__ import annotations
 
 import pytest
-from driver_checks import CRASH_LOOP_ATTEMPTS, JVM_GONE, crash_loop, jvm_gone
+from driver_checks import CRASH_LOOP_ATTEMPTS, KILLED, crash_loop, jvm_gone
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 
@@ -28,7 +28,7 @@ def _attempts(ledger: Ledger, endings: list[tuple[AttemptState, str | None]]) ->
 
 
 OWN = (AttemptState.CRASHED, "RuntimeError: version v2 was built to fail at start-up")
-KILLED = (AttemptState.CRASHED, f"{JVM_GONE}ConnectionRefusedError: [Errno 111] Connection refused")
+KILLED = (AttemptState.CRASHED, f"{KILLED}ConnectionRefusedError: [Errno 111] Connection refused")
 SUPERSEDED = (AttemptState.FENCED, "superseded by attempt 7 (epoch 7)")  # killed, never recorded an end
 FOUND_DEAD = (AttemptState.CRASHED, "driver gone (found by inventory)")
 
