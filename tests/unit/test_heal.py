@@ -166,6 +166,17 @@ def test_a_refused_submission_is_recorded_and_lasting(config, ledger, master) ->
     assert not rec.relaunched and rec.lasting and "the relaunch failed: SparkError" in rec.reason
     [row] = ledger.reports("p", "heal", 10)
     assert row["status"] == "FAILED"
+    assert ledger.instance(inst.id).submission_id == OLD  # the claim given back: the next check tries again
+
+
+def test_two_checks_at_once_relaunch_it_once(config, ledger, master) -> None:
+    """The DAG's check and a person's ``relay health --heal`` both found it dead: one driver only."""
+    inst = _dead(ledger)
+    first, second = (Inventory(dead=[ledger.instance(inst.id)]) for _ in range(2))
+    assert relaunch_dead(config, ledger, first)[0].relaunched
+    [late] = relaunch_dead(config, ledger, second)
+    assert not late.relaunched and "changed meanwhile" in late.reason
+    assert master.launched == [inst.id]
 
 
 def test_an_instance_that_changed_since_the_inventory_is_left_alone(config, ledger, master) -> None:

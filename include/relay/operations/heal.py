@@ -24,6 +24,7 @@ decides, or the next check looks again):
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass
 from relay.config import RelayConfig
 from relay.errors import RelayError
 from relay.launcher import LOCAL_PREFIX, launch, spark_client
+from relay.ledger import schema as s
 from relay.ledger.attempts import DRIVER_ALIVE_S
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
@@ -42,6 +44,7 @@ Progress = Callable[[str], None]
 REPORT_KIND = "heal"
 MAX_RELAUNCHES = 3
 RELAUNCH_WINDOW_S = 3600.0
+RELAUNCHING = "relaunching-"  # the submission id while a check relaunches the instance (a claim)
 NOT_RUNNING_AGAIN = (*(s for s in DriverState if s.is_final), DriverState.NOT_FOUND)
 
 
@@ -169,9 +172,29 @@ def relaunch_dead(
     return out
 
 
+def _claim(ledger: Ledger, inst: Instance) -> bool:
+    """Take the relaunch: the instance is still ACTIVE, no stop asked, on the dead submission, and
+    no other check (the DAG's and a person's ``relay health --heal`` may run at once) took it first.
+    A compare-and-set on the submission id: two relaunches would start two drivers of one instance."""
+    with ledger.tx() as conn:
+        claimed = conn.execute(
+            s.instances.update()
+            .where(
+                s.instances.c.id == inst.id,
+                s.instances.c.state == InstanceState.ACTIVE.value,
+                s.instances.c.stop_requested.is_(False),
+                s.instances.c.submission_id == inst.submission_id
+                if inst.submission_id
+                else s.instances.c.submission_id.is_(None),
+            )
+            .values(submission_id=f"{RELAUNCHING}{secrets.token_hex(6)}")
+        ).rowcount
+    return claimed == 1
+
+
 def _relaunch(config: RelayConfig, ledger: Ledger, inst: Instance, rec: Relaunch, progress: Progress) -> bool:
-    now = ledger.instance(inst.id)
-    if now.state is not InstanceState.ACTIVE or now.stop_requested or now.submission_id != inst.submission_id:
+    if not _claim(ledger, inst):
+        now = ledger.instance(inst.id)
         rec.reason += f"; not relaunched: instance {inst.id} changed meanwhile ({now.state.value})"
         return False
     for a in ledger.attempts(inst.id):
@@ -182,6 +205,7 @@ def _relaunch(config: RelayConfig, ledger: Ledger, inst: Instance, rec: Relaunch
     try:
         rec.new_submission = launch(config, ledger, ledger.instance(inst.id))
     except RelayError as exc:
+        ledger.set_instance(inst.id, submission_id=inst.submission_id)  # the claim back: found dead again
         rec.reason += f"; the relaunch failed: {type(exc).__name__}: {exc}"[:500]
         rec.lasting = True
         progress(f"instance {inst.id}: {rec.reason}")
