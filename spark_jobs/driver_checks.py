@@ -6,7 +6,9 @@ Kept apart from the lifecycle in ``driver_runtime``.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -15,6 +17,7 @@ from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.models import Attempt, AttemptState
 from relay.ledger.store import Ledger
 
+log = logging.getLogger("relay.job")
 CRASH_LOOP_ATTEMPTS = 5
 CRASH_LOOP_WINDOW_S = 300.0
 
@@ -105,8 +108,28 @@ def warm_up_executors(spark: Any, source_options: dict[str, str]) -> None:
         warm_arrow()
         yield from batches
 
+    # Two Python steps chained in each task, as in a batch's task (the source's reader and the
+    # sink's writer run in two workers at once): both workers are warmed, and either may read.
+    # With one step the warm worker went to the first batch's sink and its reader started cold.
     n = max(int(spark.sparkContext.defaultParallelism), 1)
-    spark.range(0, n, 1, n).mapInArrow(warm, "id long").count()
+    spark.range(0, n, 1, n).mapInArrow(warm, "id long").mapInArrow(warm, "id long").count()
+
+
+def warm_up_in_background(spark: Any, source_options: dict[str, str]) -> threading.Thread:
+    """:func:`warm_up_executors` in a thread, while the driver starts its query: the first batch
+    finds the Python workers, their imports and the consumer ready instead of paying for them (the
+    executor is otherwise idle for seconds between registering and the first batch's task). Only an
+    optimisation: if it fails, the first batch starts them itself."""
+
+    def run() -> None:
+        try:
+            warm_up_executors(spark, source_options)
+        except Exception as exc:  # noqa: BLE001 - never fails the attempt
+            log.info("executors not warmed ahead of the first batch: %s", exc)
+
+    thread = threading.Thread(target=run, name="relay-warm-executors", daemon=True)
+    thread.start()
+    return thread
 
 
 ARTIFACT_ZIP_ENV = "RELAY_ARTIFACT_ZIP"  # set by artifact_bootstrap: the zip it fetched from the ledger

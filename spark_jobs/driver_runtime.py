@@ -36,6 +36,7 @@ from driver_checks import (
     ship_artifact,
     starting_offsets,
     warm_up_executors,
+    warm_up_in_background,
 )
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
 from query_progress import log_progress
@@ -207,6 +208,8 @@ class DriverRuntime:
         if self.instance.state.standby:
             self.standby_cpu.lower_executors(spark)
             self.warm_up(spark)
+        else:
+            warm_up_in_background(spark, self.source_options())
         query = self._start_query(spark)
         return self._supervise(query)
 
