@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from relay.artifacts import Artifact, zip_code_hash
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.driver_properties import driver_properties, scratch_properties
+from relay.driver_properties import DRIVER_JIT_OPTS, driver_properties, scratch_properties
 from relay.errors import ConfigError
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
@@ -108,6 +108,8 @@ def anywhere_properties(config: RelayConfig, app_name: str) -> dict[str, str]:
         props.pop(key, None)
     if config.worker_spark_dir is not None:
         props.update(scratch_properties(config.worker_spark_dir))
+    else:
+        props["spark.driver.extraJavaOptions"] = DRIVER_JIT_OPTS
     # The driver's Python planner processes (started by its JVM in its working folder) find the
     # version's code there; executors get it from the driver (SparkContext.addPyFile).
     props["spark.driverEnv.PYTHONPATH"] = f"{BOOTSTRAP_FOLDER}/relay_job.zip"

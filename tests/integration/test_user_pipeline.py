@@ -104,6 +104,8 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) 
     small = max(b["rows_read"] for b in newest_batches(seen))
     py_pid = [a for a in ledger.attempts(inst_id) if a.state is AttemptState.RUNNING][-1].pid
     jvm_pid = _ppid(py_pid)
+    jvm_args = Path(f"/proc/{jvm_pid}/cmdline").read_bytes().split(b"\0")
+    assert b"-XX:TieredStopAtLevel=1" in jvm_args, "the driver's JVM should compile with C1 only"
     before = (_kib(py_pid, "VmHWM"), _kib(jvm_pid, "VmRSS"))
     seen = len(ledger.recent_batches(cfg.pipeline, 10_000, inst_id))
     total += produce_versions(cfg.kafka_bootstrap, cfg.topic, range(31, 131))

@@ -20,7 +20,7 @@ from relay.artifact_store import (
 )
 from relay.artifacts import artifact, build_artifact
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
-from relay.driver_properties import driver_properties
+from relay.driver_properties import DRIVER_JIT_OPTS, driver_properties
 from relay.errors import ConfigError
 from relay.launcher import submission_environment
 from relay.ledger import schema as s
@@ -150,6 +150,17 @@ def test_anywhere_submission_pins_neither_the_host_nor_its_folders(config: Relay
     props = anywhere_properties(scratch, "relay-experience-1")
     assert props["spark.local.dir"] == "/srv/spark/local"
     assert "-Djava.io.tmpdir=/srv/spark/tmp" in props["spark.driver.extraJavaOptions"]
+
+
+def test_every_driver_compiles_with_c1_only_and_executors_keep_c2(config: RelayConfig) -> None:
+    """The driver's JIT flag survives the anywhere form (whose host folders are dropped) too."""
+    for cfg in (config, config.with_(worker_spark_dir=Path("/srv/spark"))):
+        for props in (
+            driver_properties(cfg, "a", supervise=True, py_files=[]),
+            anywhere_properties(cfg, "a"),
+        ):
+            assert DRIVER_JIT_OPTS in props["spark.driver.extraJavaOptions"].split()
+            assert "TieredStopAtLevel" not in props.get("spark.executor.extraJavaOptions", "")
 
 
 def test_single_host_properties_are_untouched(tmp_path: Path) -> None:
