@@ -92,7 +92,9 @@ class RelayConfig:
     spark_rest_url: str = "http://127.0.0.1:16066"
     ledger_url: str = field(default="", repr=False)  # may hold a password: never in a repr
     ports: Ports = field(default_factory=Ports)
-    worker_cores: int = 4
+    worker_cores: int = 6
+    """Scheduling slots of the embedded worker (not CPUs): two pipelines (a driver and an executor
+    each) and one upgrade's green fit in the defaults (see relay.capacity)."""
     worker_memory: str = "3g"
     trigger_seconds: float = 1.0
     max_offsets_per_trigger: int = 20000
@@ -258,7 +260,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         spark_rest_url=env.get("RELAY_SPARK_REST_URL") or f"http://{host}:{ports.spark_rest}",
         ledger_url=env.get("RELAY_LEDGER_URL", ""),
         ports=ports,
-        worker_cores=_int(env, "RELAY_WORKER_CORES", 4, 1),
+        worker_cores=_int(env, "RELAY_WORKER_CORES", 6, 1),
         worker_memory=env.get("RELAY_WORKER_MEMORY", "3g"),
         trigger_seconds=trigger_seconds,
         max_offsets_per_trigger=_int(env, "RELAY_MAX_OFFSETS_PER_TRIGGER", 20000, 1),

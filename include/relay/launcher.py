@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from relay.artifacts import artifact, build_artifact, check_deployable, require_env_interface
+from relay.capacity import HOW_TO_MAKE_ROOM, Needs, start_shortfall
 from relay.config import BATCH_LIMITS, OPERATOR_LIMITS_ENV, PROJECT_ROOT, RelayConfig
 from relay.driver_logs import LaunchCounter, error_tail, explain_failure
 from relay.driver_properties import driver_environment, driver_properties
@@ -259,6 +260,19 @@ class FirstCommitWait:
             )
         return None
 
+    def shortfall(self) -> str:
+        """Why no commit yet, as far as the master shows (a driver waiting for room says so)."""
+        inst = self.instance or self.ledger.instance(self.instance_id)
+        state = f"instance {inst.id} is {inst.state.value}"
+        if not inst.submission_id or _local_pid(inst.submission_id) is not None:
+            return state  # not submitted yet, or local mode: no master to ask
+        try:
+            master = spark_client(self.config).master_state()
+        except SparkError as exc:
+            return f"{state}; the Spark master can't tell more: {exc}"
+        stuck = start_shortfall(master, inst.submission_id, inst.app_name, Needs.of(self.config))
+        return f"{state}; {stuck}; {HOW_TO_MAKE_ROOM}" if stuck else state
+
 
 def wait_until_active(
     config: RelayConfig, ledger: Ledger, instance_id: int, timeout_s: float, progress: object = None
@@ -277,7 +291,7 @@ def wait_until_active(
         if time.time() - t0 > timeout_s:
             raise OperationError(
                 f"instance {instance_id} made no first commit within {timeout_s:.0f}s "
-                f"(driver {inst.submission_id}, state {inst.state.value})"
+                f"(driver {inst.submission_id}): {wait.shortfall()}"
             )
         if callable(progress) and time.time() - last_note > 10:
             progress(

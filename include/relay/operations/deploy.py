@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
+from relay.capacity import HOW_TO_MAKE_ROOM
 from relay.config import RelayConfig
 from relay.errors import ConfigError, OperationError
 from relay.kafka_offsets import KafkaOffsets
@@ -14,7 +15,7 @@ from relay.launcher import app_name, launch, wait_until_active
 from relay.ledger import schema as s
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.operations.inventory import take_inventory
+from relay.operations.inventory import no_room, take_inventory
 
 Progress = Callable[[str], None]
 STARTING_POSITIONS = ("earliest", "latest")
@@ -136,6 +137,11 @@ def submit(
         )
     if inv.master_error and not local:
         raise OperationError(f"cannot check the Spark master: {inv.master_error}")
+    problem = None if local or inv.master is None else no_room(config, inv.master)
+    if problem:  # its driver would wait for cores that other pipelines hold for as long as they run
+        raise OperationError(
+            f"pipeline {config.pipeline} can't start: {problem}; {HOW_TO_MAKE_ROOM}. Nothing was started."
+        )
     last = ledger.instances(config.pipeline)
     color = last[-1].color if last else Color.BLUE
     if version is None:

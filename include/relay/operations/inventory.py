@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from relay.capacity import Needs, never_fits, room_problem
 from relay.config import RelayConfig
 from relay.errors import SparkError
 from relay.launcher import app_prefix, driver_running, spark_client
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.spark_rest import SparkApp, SparkDriver
+from relay.spark_rest import MasterState, SparkApp, SparkDriver
 
 STALE_HEARTBEAT_S = 60.0
 
@@ -22,6 +23,7 @@ class Inventory:
     apps: list[SparkApp] = field(default_factory=list)  # master's active applications of the pipeline
     drivers: list[SparkDriver] = field(default_factory=list)  # master's active drivers (all pipelines)
     master_error: str | None = None
+    master: MasterState | None = None  # the master's whole view, as read (None: unreachable)
 
     @property
     def unknown_apps(self) -> list[SparkApp]:
@@ -49,7 +51,7 @@ def take_inventory(config: RelayConfig, ledger: Ledger, reconcile: bool = True) 
     """Both views; with ``reconcile`` a live instance whose driver is gone is marked FAILED."""
     inv = Inventory()
     try:
-        state = spark_client(config).master_state()
+        state = inv.master = spark_client(config).master_state()
         prefix = app_prefix(config.pipeline)
         inv.apps = [a for a in state.active_apps if a.name.startswith(prefix)]
         inv.drivers = list(state.active_drivers)
@@ -86,3 +88,22 @@ def take_inventory(config: RelayConfig, ledger: Ledger, reconcile: bool = True) 
                     if a.state is AttemptState.RUNNING:
                         ledger.end_attempt(a.id, AttemptState.CRASHED, "driver gone (found by inventory)")
     return inv
+
+
+ROOM_SETTLE_S = 10.0  # a driver that just ended may still hold its cores in the master's view
+
+
+def no_room(config: RelayConfig, master: MasterState, settle_s: float = ROOM_SETTLE_S) -> str | None:
+    """Why one more instance of the pipeline can't run now (None: it can), looking again for up to
+    ``settle_s`` before saying so; the master unreachable on a later look counts as no news."""
+    deadline = time.time() + settle_s
+    needs = Needs.of(config)
+    if never := never_fits(master, needs):
+        return never
+    while (problem := room_problem(master, needs)) and time.time() < deadline:
+        time.sleep(1.0)
+        try:
+            master = spark_client(config).master_state()
+        except SparkError:
+            continue
+    return problem

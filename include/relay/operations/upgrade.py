@@ -189,8 +189,7 @@ def _wait_error(wait: FirstCommitWait | CaughtUpWait, timeout_s: float, what: st
     try:
         wait_in_process(wait, timeout_s, what)
     except WaitTimeout:
-        why = wait.shortfall() if isinstance(wait, CaughtUpWait) else "not READY"
-        return f"green {what}: {why} after {timeout_s:.0f}s"
+        return f"green {what}: {wait.shortfall()} after {timeout_s:.0f}s"
     except OperationError as exc:
         return str(exc)
     return None

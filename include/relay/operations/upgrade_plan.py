@@ -23,6 +23,7 @@ from relay.artifacts import (
     pipeline_meta,
     validate_version,
 )
+from relay.capacity import HOW_TO_MAKE_ROOM, Needs, room_problem
 from relay.config import RelayConfig
 from relay.errors import ConfigError, KafkaError, TopicNotFoundError
 from relay.kafka_offsets import KafkaOffsets
@@ -135,6 +136,11 @@ def judge_blue(
         blocked.append(f"instance {blue.id} is {blue.state.value}, not ACTIVE")
     if blue is not None and blue.version == version:
         blocked.append(f"instance {blue.id} already runs version {version}")
+    if not local and inv.master is not None:
+        # Green must run beside blue until the handoff: without room it would wait for blue's cores.
+        problem = room_problem(inv.master, Needs.of(config))
+        if problem:
+            blocked.append(f"green can't start beside blue: {problem}; {HOW_TO_MAKE_ROOM}")
     return blue
 
 
