@@ -56,11 +56,12 @@ with relay_dag(
         """Run the checks of one pipeline; fail its task (alert sent) when the report is CRITICAL."""
         from airflow.sdk import get_current_context
         from relay.health import run_health
-        from relay_airflow.config import relay_config_from_connections
+        from relay_airflow.config import relay_config_from_connections, secrets_from_variables
         from relay_airflow.notifiers import HealthCriticalError
 
         get_current_context()["relay_pipeline"] = pipeline  # the mapped task's label in the UI
         config = relay_config_from_connections(pipeline=pipeline)
+        secrets_from_variables(config)  # a self-heal relaunch submits like a deploy
         report = run_health(config, heal=config.heal)
         log.info("%s", report.summary())
         if report.status.value == "CRITICAL":

@@ -292,7 +292,8 @@ def deploy_problems(config: RelayConfig, version: str, meta: dict | None) -> lis
     if missing:
         problems.append(
             f"pipeline {meta['name']} needs the environment variable(s) {', '.join(missing)} "
-            "(its sink's settings): set them where relay deploy (or Airflow) runs"
+            "(its sink's settings): set them where relay deploy runs, or in Airflow as Variables of "
+            "the same name (for the names the pipelines file lists in secret_env)"
         )
     return problems
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -53,3 +54,27 @@ def relay_config_from_connections(
     except AirflowNotFoundException:
         pass
     return config.with_(**changes) if changes else config
+
+
+def secrets_from_variables(config: RelayConfig) -> list[str]:
+    """Fill each variable the pipeline's sink needs (``secret_env`` of the pipelines file) that this
+    task's environment lacks from the Airflow Variable of the same name; returns the names filled.
+
+    Why: in a real deployment a secret lives in Airflow (its metastore, encrypted, or a secrets
+    backend), not in the environment every Airflow process was started with. The value is masked
+    in the task's logs and set in this task process only, from where a submission copies it to the
+    driver's environment like any other (never argv, a Spark option or a log).
+    """
+    from airflow.sdk import Variable
+    from airflow.sdk.log import mask_secret
+
+    filled = []
+    for name in config.secret_env:
+        if os.environ.get(name):
+            continue
+        value = Variable.get(name, default=None)
+        if value:
+            mask_secret(value, name=name)
+            os.environ[name] = str(value)
+            filled.append(name)
+    return filled

@@ -15,7 +15,7 @@ from relay.ledger.engine import create_ledger
 from relay_dev.postgres_local import LocalPostgres
 from relay_dev.stack import LocalStack
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.integration.json_users import sink_database
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,32 @@ def sink_url(postgres_url: str) -> str:
 
 # PostgreSQL variants of the end-to-end scenarios run in `make test-long`; `make test` keeps the
 # PostgreSQL-specific ones (handoff race, secrets, exact bytes, deep audit) on every run.
+@pytest.fixture(autouse=True)
+def no_driver_left_on_the_shared_stack(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the session's stack, kill any driver it left running (a test that failed
+    before its own stop): a pipeline left behind holds cores, and the next test's deploy or upgrade
+    would be refused for want of room (``relay.capacity``) instead of failing for its own reasons."""
+    yield
+    if "stack" not in request.fixturenames:
+        return
+    from relay.errors import SparkError
+    from relay.launcher import spark_client
+
+    client = spark_client(request.getfixturevalue("stack"))
+    try:
+        left = [d.id for d in client.master_state().active_drivers]
+        for driver in left:
+            log.warning("killing driver %s left running by %s", driver, request.node.nodeid)
+            client.kill(driver)
+        wait_for(
+            "the left drivers to end",
+            lambda: not {d.id for d in client.master_state().active_drivers} & set(left),
+            timeout=60,
+        )
+    except SparkError as exc:  # the master itself is down: nothing more to do here
+        log.warning("could not check the shared stack for drivers left running: %s", exc)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param

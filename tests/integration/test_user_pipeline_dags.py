@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +33,7 @@ from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
-from relay_dev.airflow_local import ensure_airflow_db
+from relay_dev.airflow_local import airflow_bin, airflow_env, ensure_airflow_db
 
 from tests.conftest import wait_for
 from tests.integration.helpers import Load, caught_up, dag_test, pipeline_run
@@ -90,10 +91,19 @@ def users(stack: RelayConfig, postgres_url: str, sink_url: str, monkeypatch: pyt
     env.update(RELAY_PIPELINES_FILE=str(declared), RELAY_LEDGER_URL=postgres_url)
     cfg = load_config(env, pipeline=name)
     assert cfg.pipeline_code == package and cfg.topic == name
-    monkeypatch.setenv(SINK_ENV, sink_url)  # the DAG runs inherit it; relay copies it to the driver only
     (folder / "faults").mkdir()
     monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(folder / "faults"))  # forwarded to drivers and tasks
     ensure_airflow_db(cfg)
+    # The sink's URL lives in Airflow (a Variable in its metastore), not in the environment of the
+    # DAG runs: the tasks fill it in themselves and relay copies it to the driver only.
+    monkeypatch.delenv(SINK_ENV, raising=False)
+    subprocess.run(
+        [airflow_bin(), "variables", "set", SINK_ENV, sink_url],
+        env=airflow_env(cfg),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
     with pipeline_run(cfg):
@@ -140,6 +150,8 @@ def test_users_pipeline_is_deployed_upgraded_and_recovered_by_the_dags(users) ->
     sent = produce_versions(cfg.kafka_bootstrap, cfg.topic, range(3))
     run = dag_test(cfg, "relay_deploy", {**pick, "version": "v1", "wait_seconds": 600})
     _succeeded(run, 3)
+    assert "JSON_UPSERT_SINK_URL from Airflow Variables (masked)" in run.output
+    assert sink not in run.output, "the sink's URL must be masked in the task's log"
     assert run.asset_events[0]["uri"] == f"relay://{cfg.pipeline}/"
     blue = ledger.instances(cfg.pipeline)[0]
     assert blue.version == "v1"

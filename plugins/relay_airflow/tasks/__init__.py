@@ -18,11 +18,15 @@ log = logging.getLogger("airflow.task")
 
 def relay_config(context: Any) -> RelayConfig:
     """The configuration of the pipeline this run acts on: its ``pipeline`` param (the environment's
-    pipeline when the DAG has none), addresses from the connections."""
-    from relay_airflow.config import relay_config_from_connections, selected_pipeline
+    pipeline when the DAG has none), addresses from the connections, its sink's secrets from
+    Airflow Variables when the environment lacks them."""
+    from relay_airflow.config import relay_config_from_connections, secrets_from_variables, selected_pipeline
 
     config = relay_config_from_connections(pipeline=selected_pipeline(context))
     log.info("pipeline %s (topic %s)", config.pipeline, config.topic)
+    filled = secrets_from_variables(config)
+    if filled:
+        log.info("%s from Airflow Variables (masked)", ", ".join(filled))
     return config
 
 
