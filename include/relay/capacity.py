@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relay.config import RelayConfig
-from relay.spark_rest import DriverState, MasterState
+from relay.spark_rest import DriverState, MasterState, SparkWorker
 
 MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
@@ -53,15 +53,17 @@ class Needs:
         )
 
 
+def _alive(state: MasterState) -> list[SparkWorker]:
+    return [w for w in state.workers if w.state == "ALIVE"]
+
+
 def _free(state: MasterState) -> list[tuple[int, int]]:
     """Free (cores, MiB) of every ALIVE worker (the master counts drivers and executors alike)."""
-    return [
-        (w.cores - w.cores_used, w.memory_mb - w.memory_used_mb) for w in state.workers if w.state == "ALIVE"
-    ]
+    return [(w.cores - w.cores_used, w.memory_mb - w.memory_used_mb) for w in _alive(state)]
 
 
 def cluster_summary(state: MasterState) -> str:
-    alive = [w for w in state.workers if w.state == "ALIVE"]
+    alive = _alive(state)
     cores, used = sum(w.cores for w in alive), sum(w.cores_used for w in alive)
     mem, mem_used = sum(w.memory_mb for w in alive), sum(w.memory_used_mb for w in alive)
     apps = ", ".join(a.name for a in state.active_apps) or "none"
@@ -73,7 +75,7 @@ def cluster_summary(state: MasterState) -> str:
 
 def never_fits(state: MasterState, needs: Needs) -> str | None:
     """What no ALIVE worker could hold even with nothing running on it (waiting can't help)."""
-    alive = [w for w in state.workers if w.state == "ALIVE"]
+    alive = _alive(state)
     if not alive:
         return None
     sizes = ", ".join(f"{w.cores} core(s) and {w.memory_mb} MiB" for w in alive)
@@ -96,14 +98,18 @@ def room_problem(state: MasterState, needs: Needs, executor_only: bool = False) 
         return "the Spark master has no ALIVE worker"
     if never := never_fits(state, needs):
         return never
-    fits_executor = [c >= needs.executor_cores and m >= needs.executor_mb for c, m in free]
+
+    def room_for_executor(slots: list[tuple[int, int]]) -> bool:
+        return any(c >= needs.executor_cores and m >= needs.executor_mb for c, m in slots)
+
     if executor_only:
-        return None if any(fits_executor) else f"no worker has room for an executor: {cluster_summary(state)}"
+        if room_for_executor(free):
+            return None
+        return f"no worker has room for an executor: {cluster_summary(state)}"
     for i, (cores, mb) in enumerate(free):
         if cores < needs.driver_cores or mb < needs.driver_mb:
             continue
-        after = [*free[:i], (cores - needs.driver_cores, mb - needs.driver_mb), *free[i + 1 :]]
-        if any(c >= needs.executor_cores and m >= needs.executor_mb for c, m in after):
+        if room_for_executor([*free[:i], (cores - needs.driver_cores, mb - needs.driver_mb), *free[i + 1 :]]):
             return None
     return f"no room on the Spark cluster for {needs.describe()}: {cluster_summary(state)}"
 

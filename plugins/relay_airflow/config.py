@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -11,6 +12,8 @@ from relay.config import RelayConfig, load_config
 from relay_airflow.hooks.kafka_offsets import KafkaOffsetsHook
 from relay_airflow.hooks.ledger import LedgerHook
 from relay_airflow.hooks.spark_standalone import SparkStandaloneHook
+
+log = logging.getLogger("airflow.task")
 
 
 def selected_pipeline(context: Any) -> str | None:
@@ -68,7 +71,7 @@ def secrets_from_variables(config: RelayConfig) -> list[str]:
     from airflow.sdk import Variable
     from airflow.sdk.log import mask_secret
 
-    filled = []
+    filled: list[str] = []
     for name in config.secret_env:
         if os.environ.get(name):
             continue
@@ -77,4 +80,6 @@ def secrets_from_variables(config: RelayConfig) -> list[str]:
             mask_secret(value, name=name)
             os.environ[name] = str(value)
             filled.append(name)
+    if filled:
+        log.info("%s from Airflow Variables (masked)", ", ".join(filled))
     return filled

@@ -21,9 +21,13 @@ class Inventory:
     live: list[Instance] = field(default_factory=list)  # ledger says live and its driver runs
     dead: list[Instance] = field(default_factory=list)  # ledger says live but nothing runs it
     apps: list[SparkApp] = field(default_factory=list)  # master's active applications of the pipeline
-    drivers: list[SparkDriver] = field(default_factory=list)  # master's active drivers (all pipelines)
     master_error: str | None = None
     master: MasterState | None = None  # the master's whole view, as read (None: unreachable)
+
+    @property
+    def drivers(self) -> list[SparkDriver]:
+        """The master's active drivers (all pipelines); none when it could not be read."""
+        return list(self.master.active_drivers) if self.master else []
 
     @property
     def unknown_apps(self) -> list[SparkApp]:
@@ -54,7 +58,6 @@ def take_inventory(config: RelayConfig, ledger: Ledger, reconcile: bool = True) 
         state = inv.master = spark_client(config).master_state()
         prefix = app_prefix(config.pipeline)
         inv.apps = [a for a in state.active_apps if a.name.startswith(prefix)]
-        inv.drivers = list(state.active_drivers)
     except SparkError as exc:
         inv.master_error = str(exc)
     for inst in ledger.instances(config.pipeline, live_only=True):

@@ -24,9 +24,7 @@ def relay_config(context: Any) -> RelayConfig:
 
     config = relay_config_from_connections(pipeline=selected_pipeline(context))
     log.info("pipeline %s (topic %s)", config.pipeline, config.topic)
-    filled = secrets_from_variables(config)
-    if filled:
-        log.info("%s from Airflow Variables (masked)", ", ".join(filled))
+    secrets_from_variables(config)
     return config
 
 
