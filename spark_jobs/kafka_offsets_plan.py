@@ -135,6 +135,7 @@ def plan_batch_end(
     caps: Caps | None = None,
     max_rows: int | None = None,
     floors: Caps | None = None,
+    warm_until: Caps | None = None,
 ) -> PartitionOffsets:
     """End offsets of the next batch: broker ends, new partitions, data loss, caps, then the limit.
 
@@ -143,7 +144,8 @@ def plan_batch_end(
     ``fail_on_data_loss`` is set, so a restart after retention took data fails before any batch runs.
     ``floors`` (the instance's lowest lease start per partition) moves the read start up to where the
     instance's records begin: a warm standby's query sits far below its handoff offset H, and neither
-    data loss nor the row limit is judged on offsets that are not its own.
+    data loss nor the row limit is judged on offsets that are not its own. ``warm_until`` (a
+    stateful instance warming its state up below its cursor) caps a batch that starts below it there.
     """
     effective_start: PartitionOffsets = {}
     until: PartitionOffsets = {}
@@ -181,6 +183,9 @@ def plan_batch_end(
         cap = (caps or {}).get(tp[0], {}).get(tp[1])
         if cap is not None:
             until[tp] = max(pos, min(until[tp], cap))
+        warm = (warm_until or {}).get(tp[0], {}).get(tp[1])
+        if warm is not None and pos < warm:
+            until[tp] = min(until[tp], warm)
     if max_rows is not None:
         until = rate_limit(effective_start, until, max_rows)
     return until

@@ -283,6 +283,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 caps=guard.caps if guard is not None else None,
                 max_rows=max_rows,
                 floors=guard.floors if guard is not None else None,
+                warm_until=guard.warm_until if guard is not None else None,
             )
 
         until = self._plan(plan)

@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source, driver_runtime beside this file
 
+from driver_checks import starting_offsets  # noqa: E402
 from driver_inputs import arg_parser, check_args  # noqa: E402
 from driver_runtime import DriverRuntime, exit_now, run_main  # noqa: E402
 from relay.crashpoints import crash_point  # noqa: E402
@@ -48,9 +49,12 @@ from relay.pipeline import (  # noqa: E402
 from relay.pipeline_tasks import (  # noqa: E402
     RESULT_SCHEMA,
     counts_from,
+    narrow_plan,
+    needs_whole_source_partitions,
     partition_writer,
     sum_results,
     take_over_once,
+    whole_source_partitions,
 )
 from relay.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
 from relay.protocol import Ranges, commit_cursors, prepare_tasks  # noqa: E402
@@ -60,6 +64,7 @@ from relay.stateful import (  # noqa: E402
     check_stateful_sink,
     generation,
     state_ranges,
+    warm_up_before,
     warm_up_offsets,
     with_state_position,
 )
@@ -113,6 +118,7 @@ class PipelineDriver(DriverRuntime):
         self.predecessors = PredecessorCache()  # per lease, computed once
         self.taken_over: set[tuple[str, int, int]] = set()  # (topic, partition, instance) fenced
         self.warm_up_start: str | None = None  # a stateful standby's startingOffsets, found once
+        self.narrow: bool | None = None  # the transform's plan keeps source partitions whole (first batch)
 
     def limits(self) -> dict[str, tuple[float, str]]:
         """The batch settings applied and whose they are: operator > package > Relay's default."""
@@ -185,15 +191,27 @@ class PipelineDriver(DriverRuntime):
         return options
 
     def _starting_offsets(self) -> str:
-        """A stateful standby starts ``warm_up_s`` back (found once); any other as the runtime's."""
+        """A stateful instance warms its state up first (found once, ``relay.stateful``): a standby
+        from ``warm_up_s`` ago, any other from ``warm_up_s`` before the newest record below its
+        cursors; a stateless one starts at its cursors (the runtime's)."""
         p = self.pipeline
-        if p is None or not p.stateful or not self.ledger.instance(self.instance.id).state.standby:
+        if p is None or not p.stateful:
             return super()._starting_offsets()
         if self.warm_up_start is None:
-            self.warm_up_start = warm_up_offsets(
-                self.args.bootstrap, self.args.topic, float(p.warm_up_s), int(time.time() * 1000)
+            seconds = float(p.warm_up_s)
+            if self.ledger.instance(self.instance.id).state.standby:
+                now_ms = int(time.time() * 1000)
+                self.warm_up_start = warm_up_offsets(self.args.bootstrap, self.args.topic, seconds, now_ms)
+            else:
+                cursors = starting_offsets(self.ledger, self.instance.id).get(self.args.topic, {})
+                self.warm_up_start = warm_up_before(
+                    self.args.bootstrap, self.args.topic, seconds, {int(k): v for k, v in cursors.items()}
+                )
+            log.info(
+                "stateful: the state warms up from %s (%s s back), writing nothing",
+                self.warm_up_start,
+                seconds,
             )
-            log.info("stateful standby: warm-up reads from %s (%s s back)", self.warm_up_start, p.warm_up_s)
         return self.warm_up_start
 
     def warm_up(self, spark: Any) -> None:
@@ -272,6 +290,8 @@ class PipelineDriver(DriverRuntime):
         else:
             self._take_over(predecessors)
             ctx = TaskContext(p.name, self.instance.id, attempt.epoch, batch_id, ranges)
+            if ranges and needs_whole_source_partitions(self.sink):
+                out = whole_source_partitions(out, ranges, self._narrow(out))
             writes = out.mapInArrow(partition_writer(self.sink, ctx), RESULT_SCHEMA)
             t2 = time.perf_counter()
             tasks = writes.collect()
@@ -296,6 +316,20 @@ class PipelineDriver(DriverRuntime):
             (t2 - t1) * 1000,
             (t3 - t2) * 1000,
         )
+
+    def _narrow(self, out: Any) -> bool:
+        """Whether the transform's plan keeps each source partition in one task, found on the first
+        batch that writes (the same transform over the same source: the plan's shape does not change)."""
+        if self.narrow is None:
+            self.narrow = narrow_plan(out)
+            log.info(
+                "the transform's plan is %s",
+                "narrow: each source partition's rows stay in one task"
+                if self.narrow
+                else "not narrow (a shuffle, join or union): each batch is regrouped by source partition "
+                "before the sink (one transaction per source partition)",
+            )
+        return self.narrow
 
     def _take_over(self, predecessors: SourcePredecessors) -> None:
         """Fence the dead instances whose ranges this batch continues, before its tasks write."""

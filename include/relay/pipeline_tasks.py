@@ -20,6 +20,65 @@ from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskRe
 
 RESULT_SCHEMA = "rows_in long, rows_written long, rows_skipped long, rows_unchanged long, fenced string"
 
+# Logical plan nodes that keep every output row in the task of the input row it came from. Anything
+# else (Aggregate, Join, Union, Repartition with a shuffle, a global Sort, limits, windows, a node
+# this list does not know) may spread one source partition's rows over several tasks.
+NARROW_NODES = frozenset(
+    {
+        "Project",
+        "Filter",
+        "Generate",
+        "Sample",
+        "SubqueryAlias",
+        "EventTimeWatermark",
+        "ArrowEvalPython",
+        "BatchEvalPython",
+        "MapInPandas",
+        "MapInArrow",
+        "PythonMapInArrow",
+    }
+)
+
+
+def narrow_plan(df: Any) -> bool:
+    """True when ``df``'s optimized logical plan provably keeps each source partition's rows in one
+    Spark task: exactly one leaf (the batch's source) and only ``NARROW_NODES`` above it, a local
+    sort, or a coalesce (a repartition without shuffle). Unknown nodes count as not narrow."""
+    leaves = 0
+    pending = [df._jdf.queryExecution().optimizedPlan()]
+    while pending:
+        node = pending.pop()
+        children = node.children()
+        count = children.size()
+        if count == 0:
+            leaves += 1
+        else:
+            name = node.nodeName()
+            narrow = (
+                name in NARROW_NODES
+                or (name == "Sort" and not getattr(node, "global")())
+                or (name == "Repartition" and not node.shuffle())
+            )
+            if not narrow:
+                return False
+            pending.extend(children.apply(i) for i in range(count))
+    return leaves == 1
+
+
+def needs_whole_source_partitions(sink: object) -> bool:
+    """True for a sink that marks a source range written (the Kafka sink): it needs every row of a
+    source partition's batch range in the one transaction that marks it."""
+    return bool(getattr(sink, "needs_whole_source_partitions", False))
+
+
+def whole_source_partitions(df: Any, ranges: Mapping[tuple[str, int], tuple[int, int]], narrow: bool) -> Any:
+    """``df`` with each source ``(topic, partition)``'s rows in ONE task: as it is when its plan is
+    ``narrow`` (the source gives each Kafka partition to one task), else regrouped by a hash of the
+    source columns into as many tasks as the batch has source partitions (issue #29)."""
+    if not ranges or narrow:
+        return df
+    return df.repartition(len(ranges), "topic", "partition")
+
 
 def _rows(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
     for batch in batches:

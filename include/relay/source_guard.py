@@ -33,14 +33,21 @@ class SourceGuard:
     Lease starts never move, so a replayed batch is cut the same way."""
     hold: bool = False
     """A standby without leases: plan no batch (the query stays warm, reading nothing)."""
+    resume: dict[str, dict[int, int]] = field(default_factory=dict)
+    """topic -> partition -> lowest cursor of the instance's undrained leases: where it writes next."""
+    warm_until: dict[str, dict[int, int]] = field(default_factory=dict)
+    """topic -> partition -> an offset no batch starting below it may pass (a stateful instance's
+    warm-up ends exactly where it starts writing: no batch holds records on both sides)."""
 
 
 def shadowed(guard: SourceGuard | None, shadow_read: bool) -> SourceGuard | None:
     """The guard a stateful pipeline's source reads by (``relay.shadowRead``, ``relay.stateful``): a
-    standby plans batches instead of holding and no floor cuts a read; caps and the stop flag stay."""
+    standby plans batches instead of holding and no floor cuts a read (its state needs the records
+    before its leases); caps and the stop flag stay, and a read below the instance's cursor stops
+    at the cursor (``warm_until``)."""
     if guard is None or not shadow_read:
         return guard
-    return replace(guard, hold=False, floors={})
+    return replace(guard, hold=False, floors={}, warm_until=guard.resume)
 
 
 def read_cap(leases: list[Lease]) -> int | None:
@@ -102,14 +109,18 @@ def guard_of(instance: Instance, leases: list[Lease]) -> SourceGuard:
     stop = instance.stop_requested or not instance.state.live
     by_tp: dict[tuple[str, int], list[Lease]] = {}
     floors: dict[str, dict[int, int]] = {}
+    resume: dict[str, dict[int, int]] = {}
     for lease in leases:
         by_tp.setdefault((lease.topic, lease.partition), []).append(lease)
         part = floors.setdefault(lease.topic, {})
         part[lease.partition] = min(part.get(lease.partition, lease.start_offset), lease.start_offset)
+        if not lease.drained:
+            at = resume.setdefault(lease.topic, {})
+            at[lease.partition] = min(at.get(lease.partition, lease.next_offset), lease.next_offset)
     caps: dict[str, dict[int, int]] = {}
     for (topic, partition), tp_leases in by_tp.items():
         cap = read_cap(tp_leases)
         if cap is not None:
             caps.setdefault(topic, {})[partition] = cap
     hold = instance.state.standby and not leases
-    return SourceGuard(stop_requested=stop, caps=caps, floors=floors, hold=hold)
+    return SourceGuard(stop_requested=stop, caps=caps, floors=floors, hold=hold, resume=resume)

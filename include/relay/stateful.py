@@ -21,6 +21,16 @@ without help its first windows would be counted from the handoff on only. Relay'
    Within one writer a later batch wins, and a replayed batch writes the same values again (the
    state is restored from the checkpoint): a no-op. ``PostgresUpsertSink`` keeps exactly this rule.
 
+4. **Every new writer warms up, not only an upgrade's green** (issue #29). A stateful instance whose
+   query starts on an empty checkpoint (a deploy after a stop, a recovery, a relaunch that lost its
+   checkpoint) starts its source :func:`warm_up_before` its cursors: ``warm_up_s`` before the
+   newest record below them, by Kafka timestamps. Those records are outside its leases: its tasks
+   write none of them while Spark's state store takes them in, and its source caps each batch at
+   the cursor while it reads below it (``relay.source_guard``: ``warm_until``), so no batch holds
+   records on both sides. From the cursor on it writes with a state as whole as the old
+   instance's, and wins as the newer generation. After a recovery whose warm-up reaches below
+   Kafka's earliest offset, the windows that straddle it are counted from what Kafka still holds.
+
 Why the results match a run without an upgrade: a window still open at H gets records only at or
 after ``H - warm_up_s``, all of which green read, so green's value for it is whole and wins; a window
 closed before H is blue's, written whole. The rule a pipeline must keep: ``warm_up_s`` at least the
@@ -30,6 +40,7 @@ longest window plus the watermark delay, and records' event times close to their
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -95,6 +106,58 @@ def warm_up_offsets(bootstrap: str, topic: str, seconds: float, now_ms: int) -> 
         consumer.close()
     start = {str(tp.partition): (found[tp].offset if found.get(tp) else ends[tp]) for tp in tps}
     return json.dumps({topic: start})
+
+
+def warm_up_before(bootstrap: str, topic: str, seconds: float, cursors: Mapping[int, int]) -> str:
+    """startingOffsets JSON of a stateful instance starting on an empty checkpoint at ``cursors``
+    (partition -> where it writes next): per partition, the first offset whose Kafka timestamp is
+    at or after ``T - seconds``, T being the newest timestamp among the records just below the
+    cursors; never below Kafka's earliest offset nor above the cursor."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError as VendorKafkaError
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        tps = {p: TopicPartition(topic, p) for p in sorted(cursors)}
+        earliest = consumer.beginning_offsets(list(tps.values()))
+        newest = max((_timestamp_before(consumer, tp, cursors[p]) for p, tp in tps.items()), default=None)
+        if newest is None:  # nothing below any cursor: nothing to warm up from
+            return json.dumps({topic: {str(p): c for p, c in cursors.items()}})
+        since = max(int(newest - seconds * 1000), 0)
+        found = consumer.offsets_for_times(dict.fromkeys(tps.values(), since))
+    except VendorKafkaError as exc:
+        raise KafkaError(f"cannot find the warm-up start of {topic}: {exc}") from exc
+    finally:
+        consumer.close()
+    start = {}
+    for p, tp in tps.items():
+        at = found[tp].offset if found.get(tp) else cursors[p]
+        start[str(p)] = max(earliest[tp], min(at, cursors[p]))
+    return json.dumps({topic: start})
+
+
+def _timestamp_before(consumer: Any, tp: Any, cursor: int, timeout_s: float = 30.0) -> int | None:
+    """The Kafka timestamp (ms) of the last record below ``cursor`` (None: no record there).
+
+    Reads a window just below the cursor, widened while it holds no record (offsets of transaction
+    markers and aborted records hold none)."""
+    low = consumer.beginning_offsets([tp])[tp]
+    consumer.assign([tp])
+    width, deadline = 16, time.monotonic() + timeout_s
+    while cursor > low:
+        first = max(low, cursor - width)
+        consumer.seek(tp, first)
+        last = None
+        while consumer.position(tp) < cursor and time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=200).get(tp, []):
+                if record.offset < cursor:
+                    last = record
+        if last is not None:
+            return int(last.timestamp)
+        if first == low or time.monotonic() >= deadline:
+            return None
+        width *= 8
+    return None
 
 
 def caught_up(

@@ -19,7 +19,7 @@ def ctx(epoch: int = 2, batch: int = 7, first: int = 100, end: int = 200) -> Tas
 
 
 def marker(**kw: object) -> km.Marker:
-    base: dict = dict(pipeline="pipe", instance_id=3, epoch=2, topic=T, partition=0, first=0, end=100)
+    base: dict = dict(pipeline="pipe", instance_id=3, epoch=2, topic=T, partition=0, written=((0, 100),))
     return km.Marker(**{**base, **kw})
 
 
@@ -42,7 +42,7 @@ def test_a_marker_round_trips_and_a_foreign_record_is_refused() -> None:
     with pytest.raises(SinkError, match="unreadable marker"):
         km.Marker.decode(b"not json", "x")
     assert m.fence(5).epoch == 5 and m.fence(1).epoch == 2 and m.fence(None).fenced
-    assert m.fence(5).end == m.end  # a fence keeps the progress
+    assert m.fence(5).written == m.written == ((0, 100),)  # a fence keeps the progress
 
 
 def test_the_digest_ignores_order_but_not_the_set() -> None:
@@ -67,22 +67,39 @@ def test_the_fence_rule() -> None:
             km.check_fence(m, inst, c, "k")
 
 
-def test_the_plan_skips_what_a_committed_transaction_wrote() -> None:
+def test_intervals_are_kept_sorted_disjoint_and_joined() -> None:
+    assert km.merged([(5, 9), (0, 3), (3, 4), (8, 12), (20, 20)]) == ((0, 4), (5, 12))
+    iv = km.merged([(0, 4), (10, 12)])
+    assert [o for o in range(14) if km.covered(iv, o)] == [0, 1, 2, 3, 10, 11]
+    assert km.covered(iv, 0, 4) and not km.covered(iv, 2, 11) and not km.covered(iv, 4, 10)
+    m = marker(written=[[7, 9], [0, 2], [2, 3]])
+    assert m.written == ((0, 3), (7, 9)) and m.end == 9
+    assert km.Marker.decode(m.encode(), "x") == m
+
+
+def test_the_plan_skips_exactly_what_a_committed_transaction_wrote() -> None:
     c = ctx(first=100, end=200)
     fresh = km.plan_group(c, T, 0, list(range(100, 200)), None, "out")
     assert len(fresh.send) == 100 and fresh.unchanged == 0
-    assert fresh.marker is not None and (fresh.marker.first, fresh.marker.end, fresh.marker.epoch) == (
-        100,
-        200,
-        2,
-    )
+    assert fresh.marker is not None and (fresh.marker.written, fresh.marker.epoch) == (((100, 200),), 2)
     replay = km.plan_group(c, T, 0, list(range(100, 200)), fresh.marker, "out")
     assert replay.send == [] and replay.unchanged == 100 and replay.marker is None
-    partial = km.plan_group(c, T, 0, list(range(100, 200)), marker(end=150, range_epoch=1), "out")
+    partial = km.plan_group(c, T, 0, list(range(100, 200)), marker(written=((0, 150),), range_epoch=1), "out")
     assert len(partial.send) == 50 and partial.unchanged == 50
-    assert partial.marker is not None and partial.marker.end == 200
-    ahead = km.plan_group(c, T, 0, list(range(100, 200)), marker(end=500), "out")
+    assert partial.marker is not None and partial.marker.written == ((0, 200),)
+    ahead = km.plan_group(c, T, 0, list(range(100, 200)), marker(written=((0, 500),)), "out")
     assert ahead.marker is None and ahead.unchanged == 100
+
+
+def test_an_undrained_range_below_a_taken_over_interval_is_written() -> None:
+    """Issue #29: blue drains [100, 150) after taking over what an aborted green wrote, [150, 180):
+    a marker holding one ``end`` (180) skipped blue's drain; intervals skip only green's rows."""
+    taken = marker(written=((0, 100), (150, 180)))
+    drain = km.plan_group(ctx(first=100, end=150), T, 0, list(range(100, 150)), taken, "out")
+    assert len(drain.send) == 50 and drain.unchanged == 0
+    assert drain.marker is not None and drain.marker.written == ((0, 180),)
+    on = km.plan_group(ctx(first=100, end=200), T, 0, list(range(100, 200)), taken, "out")
+    assert [o + 100 for o in on.send] == [*range(100, 150), *range(180, 200)] and on.unchanged == 30
 
 
 def test_the_plan_refuses_a_source_partition_split_over_tasks_of_one_batch() -> None:
@@ -91,8 +108,6 @@ def test_the_plan_refuses_a_source_partition_split_over_tasks_of_one_batch() -> 
     assert km.plan_group(c, T, 0, [0, 2, 4, 6, 8], first, "out").marker is None  # a retried task: fine
     with pytest.raises(SinkError, match="more than one task"):
         km.plan_group(c, T, 0, [1, 3, 5, 7, 9], first, "out")
-    later = TaskContext("pipe", 3, 3, 7, c.ranges)  # a new attempt replaying the batch: skipped
-    assert km.plan_group(later, T, 0, [1, 3, 5, 7, 9], first, "out").marker is None
 
 
 def test_settings_are_checked_and_secrets_masked() -> None:

@@ -6,9 +6,10 @@ tests/integration/test_stateful_upgrade.py."""
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 
 import pytest
+from kafka_offsets_plan import plan_batch_end
 from kafka_source_options import SourceSettings
 from relay.config import RelayConfig
 from relay.errors import ConfigError
@@ -18,7 +19,7 @@ from relay.operations import upgrade_steps
 from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff
 from relay.pipeline import ForEachBatch, Pipeline, PipelineError, check_transform
 from relay.sinks.postgres_upsert import PostgresUpsertSink
-from relay.source_guard import SourceGuard, plan_under_guard, shadowed
+from relay.source_guard import SourceGuard, plan_under_guard, read_source_guard, shadowed
 from relay.stateful import STATE_TOPIC, caught_up, check_stateful_sink, generation, state_ranges
 
 from tests.unit import test_handoff_planned_end as planned_end
@@ -113,33 +114,41 @@ def test_only_a_keyed_postgres_upsert_may_take_a_stateful_pipelines_rows() -> No
             check_stateful_sink("w", sink)
 
 
-@pytest.mark.parametrize(
-    ("artifacts", "new_lease"),
-    [
-        ({"v1": True, "v2": True}, True),
-        ({"v1": False, "v2": True}, True),  # green wrote by generation: blue must outrank it
-        ({"v1": False, "v2": False}, False),
-        ({"v1": False}, True),  # green's artifact.json is gone: fail closed
-    ],
-)
-def test_an_aborted_upgrade_gives_a_stateful_blue_new_leases_so_it_outranks_green(
-    config: RelayConfig, ledger: Ledger, artifacts: dict[str, bool], new_lease: bool
+def test_an_aborted_upgrade_gives_blue_new_leases_so_it_outranks_green(
+    config: RelayConfig, ledger: Ledger
 ) -> None:
     """Green's tasks may have written rows it never committed in the ledger: with the same leases
-    blue's generation would stay below green's and its counts would lose to green's for good."""
-    for version, stateful in artifacts.items():
-        folder = config.data_dir / "artifacts" / version
-        folder.mkdir(parents=True)
-        (folder / "artifact.json").write_text(json.dumps({"version": version, "stateful": stateful}))
+    blue's generation would stay below green's and its counts would lose to green's for good.
+    Every abort now does this, stateful or not (issue #29: green is also blue's predecessor)."""
     blue, green, op_id = _blue_green(ledger)
     _handoff(config, ledger, op_id, blue, green, None)
     (green_lease,) = ledger.leases(green.id)
     ledger.move_operation(op_id, UpgradeState.GREEN_STARTING.value, blue_id=blue.id, green_id=green.id)
     op = upgrade_steps.abort(config, ledger, op_id, "test: green too slow")
-    assert op["state"] == UpgradeState.ABORTED.value and ledger.leases(green.id) == []
+    assert op["state"] == UpgradeState.ABORTED.value
+    assert [(g.start_offset, g.end_offset) for g in ledger.leases(green.id)] == [(60, 60)], "closed, kept"
     leases = sorted((lease.id, lease.start_offset, lease.end_offset) for lease in ledger.leases(blue.id))
-    if new_lease:  # [0, 60) drains, then a new lease from H on, newer than green's
-        assert [(start, end) for _, start, end in leases] == [(0, 60), (60, None)]
-        assert generation(i for i, _, _ in leases) > green_lease.id
-    else:  # the same lease, reopened
-        assert [(start, end) for _, start, end in leases] == [(0, None)]
+    assert [(start, end) for _, start, end in leases] == [(0, 60), (60, None)]  # [0, 60) drains, then H on
+    assert generation(i for i, _, _ in leases) > green_lease.id
+
+
+def test_a_stateful_instance_below_its_cursor_reads_up_to_it_and_no_batch_spans_it(tmp_path: Path) -> None:
+    """Issue #29: a redeployed or recovered stateful instance warms its state from below its cursor;
+    its source stops the warm-up exactly at the cursor, so no batch writes windows from both sides."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    led = Ledger(url, create=True)
+    with led.tx() as conn:
+        inst = led.create_instance(conn, "w", "v1", Color.BLUE, "", "w")
+        led.open_lease(conn, inst, T, 0, 500)
+        led.open_lease(conn, inst, T, 1, 40)
+    guard = shadowed(read_source_guard(url, inst.id), True)
+    assert guard.floors == {} and guard.warm_until == {T: {0: 500, 1: 40}}
+    begin, earliest, latest = {(T, 0): 380, (T, 1): 40}, {(T, 0): 0, (T, 1): 0}, {(T, 0): 900, (T, 1): 90}
+    plan = dict(fail_on_data_loss=True, caps=guard.caps, floors=guard.floors, warm_until=guard.warm_until)
+    assert plan_batch_end(begin, earliest, latest, **plan) == {(T, 0): 500, (T, 1): 90}
+    assert plan_batch_end({(T, 0): 500, (T, 1): 90}, earliest, latest, **plan) == {(T, 0): 900, (T, 1): 90}
+    stateless = read_source_guard(url, inst.id)
+    assert plan_batch_end(begin, earliest, latest, fail_on_data_loss=True, floors=stateless.floors) == {
+        (T, 0): 900,
+        (T, 1): 90,
+    }, "a stateless instance starts at its floor and never warms up"

@@ -113,16 +113,6 @@ class LeasesMixin(LedgerBase):
                 f"lease {lease.id} ({lease.topic}[{lease.partition}]) changed while closing it at {end}"
             )
 
-    def reopen_lease(self, conn: Connection, lease: Lease) -> None:
-        conn.execute(
-            s.leases.update().where(s.leases.c.id == lease.id).values(end_offset=None, closed_at=None)
-        )
-
-    def delete_lease(self, conn: Connection, lease: Lease) -> None:
-        if lease.next_offset != lease.start_offset:
-            raise LedgerError(f"lease {lease.id} has applied offsets and cannot be deleted")
-        conn.execute(s.leases.delete().where(s.leases.c.id == lease.id))
-
     def advance_cursor(self, conn: Connection, lease: Lease, new_offset: int) -> None:
         """Compare-and-set: move the cursor only from the value this commit read."""
         self.advance_cursors(conn, [(lease, new_offset)])

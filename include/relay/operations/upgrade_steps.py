@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 
-from relay.artifacts import artifact
 from relay.config import RelayConfig
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError, OperationError
@@ -291,65 +290,46 @@ def _first_commit_at(ledger: Ledger, op: dict) -> float | None:
 
 
 # --------------------------------------------------------------------------------- abort
-def writes_by_generation(config: RelayConfig, ledger: Ledger, instance_ids: list[int | None]) -> bool:
-    """True when blue or green may write stateful rows (``relay.stateful``): then an abort gives blue
-    NEW leases (higher ids: a newer writer generation), even where green applied nothing, since
-    green's tasks may have written rows it never committed. An artifact whose ``artifact.json`` is
-    missing or unreadable counts as stateful: new leases are harmless to a stateless pipeline."""
-    for instance_id in instance_ids:
-        if instance_id is not None:
-            meta = artifact(config, ledger.instance(instance_id).version).metadata()
-            if meta.get("stateful", True):
-                return True
-    return False
-
-
 def abort(config: RelayConfig, ledger: Ledger, op_id: int, reason: str, progress: Progress = noop) -> dict:
     """Before blue stops: fence and kill green, give blue everything green did not apply. Blue never
-    stopped; a green that committed keeps what it applied (blue continues after green's cursors)."""
+    stopped; a green that committed keeps what it applied (blue continues after green's cursors).
+
+    Green's leases are closed where their cursors are, never deleted, and blue continues on NEW
+    leases that start exactly there: green is then a predecessor of blue's new lease
+    (``relay.predecessors``). Green's tasks may have written to the sink past its last ledger commit
+    (even before its first one); blue's driver fences green in the sink and skips what it wrote
+    before writing the same offsets (issue #29: a deleted lease made the Kafka sink write them
+    twice). The new leases' ids are above green's, so blue is also the newer writer generation of a
+    stateful pipeline (``relay.stateful``)."""
     op = ledger.operation(op_id)
     if op["state"] not in ABORTABLE:
         raise OperationError(f"upgrade {op_id} is {op['state']}: blue has stopped, only forward now")
     blue_id, green_id = op["data"]["blue_id"], op["data"].get("green_id")
-    stateful = writes_by_generation(config, ledger, [blue_id, green_id])
     if green_id is not None:
         green = ledger.instance(green_id)
         ledger.fence(green_id, f"upgrade {op['id']} aborted: {reason}")  # from here green cannot commit
         kill(config, green.submission_id)
     handoff = {int(p): o for p, o in op["data"].get("handoff", {}).items()}
     with ledger.tx() as conn:
-        resume: dict[int, int] = {}
-        unapplied = []  # deleted last: on SQLite a new lease would take a deleted max id again
+        green_ends: dict[int, int] = {}  # partition -> where green stopped (its lease's start H if untouched)
+        applied: dict[int, int] = {}
         for lease in ledger.leases(green_id, conn) if green_id is not None else []:
-            if lease.next_offset == lease.start_offset:
-                if lease.end_offset is None:
-                    ledger.close_lease(conn, lease, lease.start_offset)  # empty: overlaps nothing
-                unapplied.append(lease)
-            else:  # applied by green: stays green's, closed where it stopped
+            if lease.end_offset is None:
                 ledger.close_lease(conn, lease, lease.next_offset)
-                resume[lease.partition] = max(resume.get(lease.partition, 0), lease.next_offset)
+            green_ends[lease.partition] = max(green_ends.get(lease.partition, 0), lease.next_offset)
+            if lease.next_offset > lease.start_offset:
+                applied[lease.partition] = green_ends[lease.partition]
         blue = ledger.instance(blue_id, conn)
         for lease in ledger.leases(blue_id, conn):
             if lease.end_offset is None or handoff.get(lease.partition) != lease.end_offset:
                 continue
-            if lease.partition in resume:  # blue applies [cursor, H) then continues after green
-                ledger.open_lease(
-                    conn,
-                    ledger.instance(blue_id, conn),
-                    lease.topic,
-                    lease.partition,
-                    resume[lease.partition],
-                )
-            elif stateful:
-                ledger.open_lease(conn, blue, lease.topic, lease.partition, lease.end_offset)
-            else:
-                ledger.reopen_lease(conn, lease)
-        for lease in unapplied:
-            ledger.delete_lease(conn, lease)
+            # Blue drains [cursor, H) on the lease it has, then applies from where green stopped.
+            start = max(green_ends.get(lease.partition, lease.end_offset), lease.end_offset)
+            ledger.open_lease(conn, blue, lease.topic, lease.partition, start)
         if blue.state is InstanceState.DRAINING:
             ledger.set_instance(blue_id, conn, state=InstanceState.ACTIVE)
         op = ledger.move_operation(
-            op["id"], UpgradeState.ABORTED.value, error=reason, conn=conn, green_applied_before_abort=resume
+            op["id"], UpgradeState.ABORTED.value, error=reason, conn=conn, green_applied_before_abort=applied
         )
     progress(f"upgrade {op['id']} ABORTED: {reason}; blue (instance {blue_id}) keeps running")
     ended(config, ledger, op)

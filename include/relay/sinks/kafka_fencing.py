@@ -10,10 +10,11 @@ dead instance A held, and A's tasks may have committed rows past A's ledger curs
 1. fences A for good, including the ids of the taken source partitions that A has no marker for
    yet (a zombie task's very first transaction there would otherwise commit after the fence);
 2. reads A's range marker of each taken partition, final now (no producer of A can commit);
-3. raises B's own range marker of the partition to A's end (under B's id, so a pooled producer of
-   B holding an older marker is fenced and re-reads it): B's tasks skip the rows below it, as they
-   skip a replay of their own. Carried in B's marker, the progress also reaches an instance that
-   later continues from B, even when B committed only part of A's tail.
+3. merges A's written intervals into B's own range marker of the partition (under B's id, so a
+   pooled producer of B holding an older marker is fenced and re-reads it): B's tasks skip exactly
+   the rows A committed, as they skip a replay of their own, and still write a range of B's own
+   that A never touched (blue draining ``[cursor, H)`` after an aborted green wrote ``[H, X)``).
+   Carried in B's marker, the progress also reaches an instance that later continues from B.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def take_over(
     epoch: int,
     predecessors: Mapping[tuple[str, int], tuple[int, ...]],
 ) -> dict[tuple[str, int], int]:
-    """Steps 1-3 of the module docstring; per source partition, the end taken over (for the log)."""
+    """Steps 1-3 of the module docstring; per source partition, the highest offset the predecessors
+    wrote (for the log; 0: nothing)."""
     deadline = time.monotonic() + sink.fence_wait_s
     for predecessor in sorted({i for ids in predecessors.values() for i in ids}):
         if predecessor == instance_id:
@@ -101,19 +103,20 @@ def take_over(
     ends: dict[tuple[str, int], int] = {}
     for (topic, partition), ids in sorted(predecessors.items()):
         where = f"taking {topic}[{partition}] over from instances {list(ids)} in topic {sink.topic!r}"
-        floor = 0
+        written: list[tuple[int, int]] = []
         for predecessor in ids:  # Step 2.
             key = km.range_key(pipeline, predecessor, topic, partition)
             with kc.kafka_errors(sink.settings, where), kc.readers(sink.settings) as pair:
                 tp = sink._marker_tp(pipeline, predecessor)
                 marker = km.latest(pair, tp, [key], key, deadline).get(key)
             if marker is None or not marker.fenced:
-                raise SinkError(f"{where}: the marker of {key!r} is not fenced, its end could still move")
-            floor = max(floor, marker.end)
-        ends[(topic, partition)] = floor
-        if floor:
+                raise SinkError(f"{where}: the marker of {key!r} is not fenced: what it wrote could grow")
+            written.extend(marker.written)
+        intervals = km.merged(written)
+        ends[(topic, partition)] = intervals[-1][1] if intervals else 0
+        if intervals:
             with kc.kafka_errors(sink.settings, where):  # Step 3.
-                _adopt(sink, pipeline, instance_id, epoch, topic, partition, floor, deadline)
+                _adopt(sink, pipeline, instance_id, epoch, topic, partition, intervals, deadline)
     return ends
 
 
@@ -124,10 +127,10 @@ def _adopt(
     epoch: int,
     topic: str,
     partition: int,
-    floor: int,
+    intervals: tuple[tuple[int, int], ...],
     deadline: float,
 ) -> None:
-    """Raise the instance's own range marker of ``topic[partition]`` to at least ``floor``."""
+    """Merge ``intervals`` (what predecessors wrote) into the instance's own marker of the partition."""
     key = km.range_key(pipeline, instance_id, topic, partition)
     ikey = km.instance_key(pipeline, instance_id)
     who = f"instance {instance_id} of pipeline {pipeline!r}"
@@ -138,10 +141,11 @@ def _adopt(
         if ref is None or ref.fenced or ref.epoch > epoch:
             raise FencedWriteError(f"{who} may not take {topic}[{partition}] over at epoch {epoch}")
         if current is None:
-            return km.Marker(pipeline, instance_id, epoch, False, topic, partition, floor, floor)
-        if current.end >= floor:
+            return km.Marker(pipeline, instance_id, epoch, False, topic, partition, intervals)
+        union = km.merged((*current.written, *intervals))
+        if union == current.written:
             return None
-        return replace(current, epoch=max(current.epoch, epoch), end=floor, batch=None, rows=0, digest="")
+        return replace(current, epoch=max(current.epoch, epoch), written=union, batch=None, rows=0, digest="")
 
     _retake(sink, key, sink._marker_tp(pipeline, instance_id), deadline, decide, also=[ikey])
 

@@ -3,11 +3,18 @@
 A marker is a small JSON record in the marker topic (compacted), keyed by a transactional id:
 
 * a **range marker** (key ``relay:<pipeline>:<instance>:<topic>:<partition>``, the id of the
-  producer that writes that source partition's rows): every in-range record of the source partition
-  below ``end`` has been written by a committed transaction; ``epoch`` is the newest epoch allowed to
-  write; ``fenced`` closes the id for good. It is written in the SAME transaction as the rows.
+  producer that writes that source partition's rows): ``written`` lists the half-open intervals of
+  the source partition's offsets that committed transactions of the instance wrote, sorted and
+  disjoint; ``epoch`` is the newest epoch allowed to write; ``fenced`` closes the id for good. It is
+  written in the SAME transaction as the rows.
 * an **instance record** (key ``relay:<pipeline>:<instance>``): the instance's epoch and fence, kept
   by ``fence_epoch``/``fence_instance`` for ids that have no marker yet.
+
+A task merges its batch range ``[first, end)`` into ``written`` only because it holds EVERY row of
+that source partition in the batch: the driver regroups a batch whose plan is not narrow (a
+shuffle, a join, a union) by source partition before this sink (``relay.pipeline_tasks``). A skip
+is therefore allowed only for offsets inside an interval a committed write provably holds; an
+undrained range below another instance's taken-over interval stays unwritten (issue #29).
 
 Every marker of an instance lives in one partition of the marker topic (a stable hash of pipeline
 and instance), so the driver finds all of an instance's ids by reading one partition. Pure functions
@@ -16,6 +23,7 @@ here; the reads take their consumers from kafka_clients.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time
@@ -30,7 +38,7 @@ from kafka import KafkaConsumer, TopicPartition
 from relay.errors import ConfigError
 from relay.sinks.base import FencedWriteError, SinkError, TaskContext
 
-MARKER_VERSION = 1
+MARKER_VERSION = 2
 _POLL_MS = 200
 _FIRST_WINDOW = 512  # records read back from the end before widening (doubling) the window
 
@@ -66,14 +74,26 @@ class Marker:
     fenced: bool = False
     topic: str | None = None
     partition: int | None = None
-    first: int = 0
-    end: int = 0
+    written: tuple[tuple[int, int], ...] = ()
+    """Sorted, disjoint ``[first, end)`` intervals of source offsets committed transactions wrote."""
     range_epoch: int | None = None
-    """Epoch of the task whose transaction wrote [first, end) (``epoch`` may be newer: a fence)."""
+    """Epoch of the task whose transaction wrote last (``epoch`` may be newer: a fence)."""
     batch: int | None = None
     rows: int = 0
     digest: str = ""
     output: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "written", merged(self.written))
+
+    @property
+    def end(self) -> int:
+        """The end of the highest written interval (0: nothing written): for logs and reports."""
+        return self.written[-1][1] if self.written else 0
+
+    def covers(self, offset: int) -> bool:
+        """True when a committed transaction of this id wrote the row at ``offset``."""
+        return covered(self.written, offset)
 
     def encode(self) -> bytes:
         return json.dumps({"v": MARKER_VERSION, **asdict(self)}, separators=(",", ":")).encode()
@@ -87,6 +107,7 @@ class Marker:
             data = json.loads(raw)
             if data.pop("v") != MARKER_VERSION:
                 raise ValueError("unknown marker version")
+            data["written"] = tuple((int(a), int(b)) for a, b in data.get("written", ()))
             return cls(**data)
         except (ValueError, TypeError, KeyError) as exc:
             raise SinkError(f"unreadable marker {where}: {exc}") from None
@@ -103,6 +124,27 @@ def offsets_digest(offsets: Iterable[int]) -> str:
     retried task (same rows) from a second task holding other rows of the same partition."""
     packed = array("q", sorted(offsets)).tobytes()
     return hashlib.blake2b(packed, digest_size=8).hexdigest()
+
+
+def merged(intervals: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:
+    """``intervals`` sorted, empty ones dropped, overlapping or adjacent ones joined."""
+    out: list[list[int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def covered(intervals: tuple[tuple[int, int], ...], offset: int, end: int | None = None) -> bool:
+    """True when ``offset`` (or all of ``[offset, end)``) lies in one of the sorted, disjoint,
+    non-adjacent ``intervals`` (as ``merged`` makes them)."""
+    i = bisect.bisect_right(intervals, (offset, float("inf"))) - 1
+    last = offset + 1 if end is None else end
+    return i >= 0 and intervals[i][0] <= offset and last <= intervals[i][1]
 
 
 def check_fence(marker: Marker | None, instance: Marker | None, ctx: TaskContext, key: str) -> None:
@@ -127,9 +169,9 @@ class GroupPlan:
     """What one source partition's rows of a task become: rows to send and the marker to commit."""
 
     send: list[int]
-    """Indexes of the rows to send (in-range, at or after the marker's end)."""
+    """Indexes of the rows to send (in-range, outside every written interval)."""
     unchanged: int
-    """In-range rows below the marker's end: a committed transaction wrote them (a replay)."""
+    """In-range rows inside a written interval: a committed transaction wrote them (a replay)."""
     marker: Marker | None
     """The new marker, None when nothing is sent (no transaction at all)."""
 
@@ -139,37 +181,36 @@ def plan_group(
 ) -> GroupPlan:
     """Decide a group's write from its in-range offsets and the id's committed marker.
 
-    Needs every in-range row of the source partition of this batch in this one task: a marker's
-    ``end`` says all rows below it were written. Two tasks of the same attempt and batch holding
-    different rows of one partition (a shuffle in the transform) are detected here and refused."""
+    The task holds every in-range row of the source partition of this batch (the driver regroups a
+    plan that is not narrow), so after its commit ``[first, end)`` is written whole and merges into
+    the marker. Two tasks of the same attempt and batch holding different rows of one partition (a
+    split the driver failed to regroup, or a transform that is not deterministic) are refused."""
     first, end = ctx.ranges[(topic, partition)]
     digest = offsets_digest(offsets)
-    done = marker.end if marker is not None else 0
+    written = marker.written if marker is not None else ()
     if (
         marker is not None
         and marker.range_epoch == ctx.epoch
         and marker.batch == ctx.batch_id
-        and marker.first <= first
-        and marker.end >= end
+        and covered(written, first, end)
         and (marker.rows, marker.digest) != (len(offsets), digest)
     ):
         raise SinkError(
             f"rows of source partition {topic}[{partition}] in batch {ctx.batch_id} reached more than "
             f"one task (a committed task held {marker.rows} of them, this one {len(offsets)}), or the "
             "transform is not deterministic: the Kafka sink needs each source partition's rows of a "
-            "batch in ONE task (keep the transform narrow: no repartition, join or groupBy shuffle)"
+            "batch in ONE task (Relay regroups a batch whose plan shuffles; report this as a bug)"
         )
-    send = [i for i, off in enumerate(offsets) if off >= done]
+    send = [i for i, off in enumerate(offsets) if not covered(written, off)]
     if not send:
         return GroupPlan([], len(offsets), None)
     new = Marker(
         pipeline=ctx.pipeline,
         instance_id=ctx.instance_id,
-        epoch=ctx.epoch,
+        epoch=max(ctx.epoch, marker.epoch if marker is not None else 0),
         topic=topic,
         partition=partition,
-        first=first,
-        end=max(done, end),
+        written=(*written, (first, end)),
         range_epoch=ctx.epoch,
         batch=ctx.batch_id,
         rows=len(offsets),

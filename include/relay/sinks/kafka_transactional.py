@@ -67,6 +67,10 @@ class KafkaTransactionalSink:
     anything else in the transform (e.g. ``to_json``). ``client_config``: extra kafka-python
     settings (security, timeouts, compression); secrets in it are masked in every message."""
 
+    needs_whole_source_partitions = True
+    """A marker says a source range is written: the driver regroups a batch whose plan shuffles so
+    that each source partition's rows are in one task (``relay.pipeline_tasks``)."""
+
     def __init__(
         self,
         bootstrap: str | list[str] | tuple[str, ...],
