@@ -1,8 +1,10 @@
 """A user's pipeline (examples/json_upsert) on real parts: noida-db, the Spark cluster, PostgreSQL.
 
 The executors upsert JSON records by id into a PostgreSQL table through PostgresUpsertSink; the
-driver only moves cursors in the PostgreSQL ledger. A SIGKILL of the driver mid-stream replays the
-in-flight batch: the table must still hold exactly the newest value per id and the audit be clean.
+driver only moves cursors in the PostgreSQL ledger. A task dying inside its upsert transaction, a
+SIGKILL of the driver mid-stream and a driver dying after its tasks wrote and before its ledger
+commit each replay a batch: the table, read with SQL, must still hold exactly the newest value per
+id and the audit be clean. The path users run (issue #29), so it is in ``make test``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import RelayConfig
+from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
@@ -47,19 +50,19 @@ def _files_containing(root: Path, needle: bytes) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
-@pytest.mark.slow  # make test-long: a second Spark application start (~2-4 min on 2 cores)
-def test_user_pipeline_upserts_newest_per_id_through_a_driver_kill(
-    stack: RelayConfig, postgres_url: str, sink_url: str, monkeypatch: pytest.MonkeyPatch
+def test_user_pipeline_upserts_newest_per_id_through_task_and_driver_kills(
+    stack: RelayConfig, postgres_url: str, sink_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     cfg = stack.with_(pipeline="json_upsert", topic="json_upsert", ledger_url=postgres_url)
+    monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(tmp_path))  # forwarded to the driver and its tasks
     try:
-        _scenario(cfg, sink_url, monkeypatch)
+        _scenario(cfg, sink_url, monkeypatch, tmp_path)
     except AssertionError:
         print_drivers(cfg)
         raise
 
 
-def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch, faults: Path) -> None:
     monkeypatch.setenv("JSON_UPSERT_SINK_URL", sink_url)  # where relay deploy runs: copied to the driver
     ledger = Ledger(cfg.ledger_url)
     art = build_artifact(cfg, "ju1", pipeline_code=EXAMPLE)
@@ -67,9 +70,11 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) 
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
     total = produce_versions(cfg.kafka_bootstrap, cfg.topic, range(5))
+    arm_once(str(faults), "pg_sink.before_commit")  # the first task to get there dies uncommitted
     first = deploy(cfg, version="ju1", wait_s=300)
     inst_id = first["instance_id"]
     wait_for("the backlog to be applied", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
+    assert not (faults / "pg_sink.before_commit").exists(), "no task reached the armed crash point"
     assert table(sink_url) == expected(4)
 
     # Updates keep coming while the driver is SIGKILLed mid-stream; the master relaunches it.
@@ -90,6 +95,15 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) 
     finally:
         producer.join()
     total += 25 * IDS + 1
+    wait_for("the relaunched driver to catch up", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
+    assert table(sink_url) == expected(29)
+
+    # The driver dies after its tasks upserted, before the ledger commit: the replay changes nothing.
+    attempts = len(ledger.attempts(inst_id))
+    arm_once(str(faults), "pipeline.before_ledger_commit")
+    total += produce_versions(cfg.kafka_bootstrap, cfg.topic, range(29, 30))
+    wait_for("the armed driver crash", lambda: not (faults / "pipeline.before_ledger_commit").exists(), 120)
+    wait_for("the relaunch", lambda: len(ledger.attempts(inst_id)) == attempts + 1, timeout=240)
     wait_for("the relaunched driver to catch up", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
     assert table(sink_url) == expected(29)
 
@@ -121,7 +135,7 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch) 
     assert after[0] - before[0] < 64 * 1024, "the Python driver's peak memory grew with the batch size"
     assert table(sink_url) == expected(130)
 
-    report = audit(cfg, ledger)
+    report = audit(cfg, ledger, deep=True)
     assert report.ok, report.to_json()
     assert sum(p.applied_once for p in report.partitions) == total and report.totals["unread"] == 0
     assert any("executor-side sink" in n for n in report.notes)

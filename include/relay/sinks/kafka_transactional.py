@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kafka import TopicPartition
@@ -263,7 +263,9 @@ class KafkaTransactionalSink:
                 km.check_fence(entry.marker, entry.instance, ctx, key)  # Step 3.
                 plan = km.plan_group(ctx, topic, partition, offsets, entry.marker, self.topic)  # Step 4.
                 if plan.marker is not None:
-                    self._send(entry.producer, group, plan, key, tp)  # Step 5.
+                    self._send(
+                        entry.producer, group, plan, key, tp, source_headers(ctx, topic, partition)
+                    )  # Step 5.
                     entry.marker = plan.marker
             except (kerrors.KafkaError, TimeoutError, OSError) as exc:
                 if entry is not None:
@@ -281,10 +283,19 @@ class KafkaTransactionalSink:
         raise AssertionError("unreachable")
 
     def _send(
-        self, producer: Any, group: list[_Row], plan: km.GroupPlan, key: str, tp: TopicPartition
+        self,
+        producer: Any,
+        group: list[_Row],
+        plan: km.GroupPlan,
+        key: str,
+        tp: TopicPartition,
+        headers: Callable[[int], list[tuple[str, bytes]]],
     ) -> None:
         producer.begin_transaction()
-        futures = [producer.send(self.topic, value=group[i][2], key=group[i][1]) for i in plan.send]
+        futures = [
+            producer.send(self.topic, value=group[i][2], key=group[i][1], headers=headers(group[i][0]))
+            for i in plan.send
+        ]
         producer.flush(timeout=self.marker_wait_s)  # rows first: the marker's open window stays short
         failed = next((f for f in futures if f.failed()), None)
         if failed is not None:
@@ -309,6 +320,23 @@ class KafkaTransactionalSink:
         marker, instance = found.get(key), found.get(ikey)
         if marker is not None or instance is not None:
             km.check_fence(marker, instance, ctx, key)
+
+
+SOURCE_HEADER = "relay.source"
+WRITER_HEADER = "relay.writer"
+
+
+def source_headers(ctx: TaskContext, topic: str, partition: int) -> Callable[[int], list[tuple[str, bytes]]]:
+    """The headers of each output record: its source position (``topic:partition:offset``) and its
+    writer (``instance:epoch:batch``), so a consumer or the audit can tell every input record's
+    output and who wrote it (topic names cannot hold ':')."""
+    writer = (WRITER_HEADER, f"{ctx.instance_id}:{ctx.epoch}:{ctx.batch_id}".encode())
+    prefix = f"{topic}:{partition}:"
+
+    def headers(offset: int) -> list[tuple[str, bytes]]:
+        return [(SOURCE_HEADER, f"{prefix}{offset}".encode()), writer]
+
+    return headers
 
 
 def _bytes(value: Any, column: str) -> bytes | None:
