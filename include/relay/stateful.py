@@ -120,7 +120,8 @@ def warm_up_before(bootstrap: str, topic: str, seconds: float, cursors: Mapping[
     try:
         tps = {p: TopicPartition(topic, p) for p in sorted(cursors)}
         earliest = consumer.beginning_offsets(list(tps.values()))
-        newest = max((_timestamp_before(consumer, tp, cursors[p]) for p, tp in tps.items()), default=None)
+        stamps = [_timestamp_before(consumer, tp, cursors[p]) for p, tp in tps.items()]
+        newest = max((t for t in stamps if t is not None), default=None)
         if newest is None:  # nothing below any cursor: nothing to warm up from
             return json.dumps({topic: {str(p): c for p, c in cursors.items()}})
         since = max(int(newest - seconds * 1000), 0)
