@@ -71,6 +71,7 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
 
     # Stopped and deployed again while records keep coming: a new instance, a new checkpoint.
     with WordLoad(cfg):
+        _applied_more(ledger, cfg.pipeline, 150)  # windows get records on both sides of the restart
         assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]
         send_words(cfg, 100)  # arrives while nothing runs
         second = deploy(cfg, version=version, wait_s=300)["instance_id"]
@@ -79,6 +80,7 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
 
     # A recovery (nothing deleted: strategy earliest resumes at the cursors) on an archived checkpoint.
     with WordLoad(cfg):
+        _applied_more(ledger, cfg.pipeline, 150)
         result = recover(cfg, strategy="earliest", dry_run=False, reason="test: a fresh instance", wait_s=300)
         send_words(cfg, 100, rate=50.0)
     assert result["state"] == "EXECUTED", result
@@ -87,6 +89,16 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
     report = audit(cfg, ledger, deep=True)
     assert report.ok, render(report.to_json())
     assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]
+
+
+def _applied_more(ledger: Ledger, pipeline: str, records: int) -> None:
+    """Wait until the running instance applied ``records`` more (the load reached the table)."""
+
+    def applied() -> int:
+        return sum(lease.next_offset - lease.start_offset for lease in ledger.pipeline_leases(pipeline))
+
+    target = applied() + records
+    wait_for(f"{records} more records applied", lambda: applied() >= target, timeout=120, interval=0.5)
 
 
 def _check_new_writer(cfg: RelayConfig, ledger: Ledger, url: str, new: int, older: set[int]) -> None:
