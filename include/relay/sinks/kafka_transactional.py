@@ -279,13 +279,29 @@ class KafkaTransactionalSink:
     def _send(
         self, producer: Any, group: list[_Row], plan: km.GroupPlan, key: str, tp: TopicPartition
     ) -> None:
+        assert plan.marker is not None
+        # Every record names its source position and its writer (headers ``relay.source`` =
+        # ``<topic>:<partition>:<offset>``, ``relay.writer`` = ``<instance>:<epoch>:<batch>``), so
+        # ``relay audit --deep`` can count each input offset's output and tell two writers apart.
+        # The marker was made from this task's context: it names the source partition and the writer.
+        m = plan.marker
+        epoch = m.epoch if m.range_epoch is None else m.range_epoch
+        source = f"{m.topic}:{m.partition}:".encode()
+        writer = [("relay.writer", f"{m.instance_id}:{epoch}:{m.batch}".encode())]
         producer.begin_transaction()
-        futures = [producer.send(self.topic, value=group[i][2], key=group[i][1]) for i in plan.send]
+        futures = [
+            producer.send(
+                self.topic,
+                value=group[i][2],
+                key=group[i][1],
+                headers=[("relay.source", source + str(group[i][0]).encode()), *writer],
+            )
+            for i in plan.send
+        ]
         producer.flush(timeout=self.marker_wait_s)  # rows first: the marker's open window stays short
         failed = next((f for f in futures if f.failed()), None)
         if failed is not None:
             raise failed.exception
-        assert plan.marker is not None
         producer.send(self.marker_topic, value=plan.marker.encode(), key=key.encode(), partition=tp.partition)
         producer.flush(timeout=self.marker_wait_s)
         crash_point(CRASH_BEFORE_COMMIT)
