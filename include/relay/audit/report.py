@@ -132,13 +132,14 @@ def render(result: dict[str, Any]) -> str:
     totals = result["totals"]
     rows.append(["total", "", "", "", *(str(totals.get(c, "")) for c in columns[4:])])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-    lines = [f"audit of pipeline {result['pipeline']}, topic {result['topic']} ({result['mode']})"]
+    sink = result.get("sink")
+    read = ", sink read" if sink is not None and sink["read"] else ""
+    lines = [f"audit of pipeline {result['pipeline']}, topic {result['topic']} ({result['mode']}{read})"]
     lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in [columns, *rows]]
     for p in result["partitions"]:
         for kind, items in p["examples"].items():
             lines.append(f"partition {p['partition']} {kind.replace('_', ' ')}: {_ranges(items)}")
     lines += [f"note: {n}" for n in result["notes"]]
-    sink = result.get("sink")
     if sink is not None:
         from relay.audit.sink_report import FAILURES, render_sink
 

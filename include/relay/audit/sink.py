@@ -38,6 +38,10 @@ from relay.pipeline import ForEachBatch, Pipeline, secret_values
 from relay.sinks.base import SOURCE_COLUMNS
 
 Progress = Callable[[str], None]
+CUTS = {  # a stateful evaluation without some records, to tell which groups they fed
+    "until_us": " (without the last warm_up_s: which windows are open)",
+    "since_us": " (without the first warm_up_s after retention: which windows straddle it)",
+}
 
 
 @dataclass
@@ -96,9 +100,10 @@ class _Run:
         names, rows = self.spark.run(pipeline, code.package, table, columns)
         out = list(rows)
         self.timed("evaluate (local Spark)", t0)
+        which = "".join(CUTS[c] for c in cut)
         self.audit.how.append(
             f"transform of version {version} (artifact from {code.source}) re-evaluated in a local Spark "
-            f"session over {table.num_rows:,} input records: {len(out):,} rows"
+            f"session over {table.num_rows:,} input records{which}: {len(out):,} rows"
         )
         return names, iter(out)
 
@@ -132,6 +137,8 @@ def _audit(run: _Run) -> SinkAudit:
     if version is None:
         return _ledger_only("unknown", "no instance yet", "the pipeline never ran: nothing to read")
     code = run.code(version)
+    if code is None and _rows_in_ledger(run):
+        return _counter(run)
     if code is None:
         return _ledger_only("unknown", f"version {version}", f"version {version}'s artifact is gone")
     if code.package is None:
@@ -194,6 +201,18 @@ def _counter(run: _Run) -> SinkAudit:
     return audit
 
 
+def _rows_in_ledger(run: _Run) -> bool:
+    """The counter's (or the reference job's) rows are in the ledger: its own table counts them."""
+    from relay.audit import ledger_counts as lc
+    from relay.ledger.snapshot import read_snapshot
+
+    with read_snapshot(run.ledger) as conn:
+        return (
+            lc.has_message_ranges(conn, run.config.pipeline)
+            or lc.sink_totals(conn, run.config.pipeline)[1] > 0
+        )
+
+
 def _unverified_below_earliest(run: _Run) -> None:
     for partition, rs in sorted(run.applied.ranges().items()):
         low = run.earliest.get(partition, 0)
@@ -213,10 +232,16 @@ def _evaluable(run: _Run, version: str) -> bool:
 
 def _kafka(run: _Run, sink: Any, pipeline: Pipeline) -> None:
     audit, applied, topic = run.audit, run.applied, run.config.topic
-    t0, output = time.perf_counter(), sink_kafka.OutputIndex(topic)
-    for record in output_records(sink, run.progress):
+    t0, output, starts = time.perf_counter(), sink_kafka.OutputIndex(topic), {}
+    for record in output_records(sink, run.progress, starts):
         output.add(record, audit, sink.topic)
     run.timed("read sink", t0)
+    cut = {p: o for p, o in starts.items() if o > 0}
+    if cut:
+        audit.notes.append(
+            f"output partitions {cut} start past offset 0 (retention, compaction or delete_records "
+            "removed records): an effect counted missing may be a record the output's retention removed"
+        )
     audit.how.append(
         f"output topic {sink.topic}: {output.records:,} committed records read (read_committed, from each "
         f"partition's earliest offset to its end), {audit.counts['foreign']} without Relay's headers"

@@ -30,8 +30,11 @@ FETCH_ROWS = 10_000
 Progress = Callable[[str], None]
 
 
-def output_records(sink: KafkaTransactionalSink, progress: Progress) -> Iterator[OutputRecord]:
-    """Every committed record of the sink's topic, partition by partition."""
+def output_records(
+    sink: KafkaTransactionalSink, progress: Progress, starts: dict[int, int] | None = None
+) -> Iterator[OutputRecord]:
+    """Every committed record of the sink's topic, partition by partition; ``starts`` gets each
+    partition's log start (above 0: retention or ``delete_records`` removed records before it)."""
     settings = sink.settings
     try:
         consumer = KafkaConsumer(**settings.consumer_config("read_committed"), client_id="relay-audit-sink")
@@ -45,6 +48,8 @@ def output_records(sink: KafkaTransactionalSink, progress: Progress) -> Iterator
             raise SinkAuditError(f"output topic {sink.topic!r} does not exist at {settings.servers}")
         tps = [TopicPartition(sink.topic, p) for p in parts]
         first, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)  # ends: the LSO
+        if starts is not None:
+            starts.update({tp.partition: first[tp] for tp in tps})
         total = sum(ends[tp] - first[tp] for tp in tps)
         progress(f"sink audit: reading output topic {sink.topic} ({total:,} offsets, read_committed)")
         done, said = 0, time.monotonic()

@@ -21,6 +21,13 @@ from relay.errors import RelayError
 FAILURES = ("missing", "duplicated", "wrong", "stale")
 APART = ("ahead", "foreign", "open", "unverified")
 UNITS = {"kafka": "input offset", "upsert": "key", "stateful": "group"}
+MEANING = {  # said under the counts when found
+    "ahead": "effects of offsets the ledger has not committed yet (a batch in flight, or a dead "
+    "instance's write its successor takes over): not judged",
+    "foreign": "written outside Relay (no source position, or another topic's): not judged",
+    "open": "windows that received records within warm_up_s of the newest record: may still change",
+    "unverified": "input deleted by retention, or a version's artifact gone: nothing to re-evaluate",
+}
 
 
 class SinkAuditError(RelayError):
@@ -80,6 +87,7 @@ def render_sink(data: dict[str, Any]) -> list[str]:
         lines.append(f"  {data['unit']}s: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     for kind, items in data["examples"].items():
         lines.append(f"  {kind}: {', '.join(_shown(i) for i in items)}")
+    lines += [f"  note: {k}: {MEANING[k]}" for k in APART if counts.get(k)]
     lines += [f"  note: {n}" for n in data["notes"]]
     seconds = ", ".join(f"{k} {v:.1f}s" for k, v in data["timings"].items())
     if data["ok"]:
