@@ -77,10 +77,11 @@ def cmd_offsets(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 def cmd_audit(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    """Shallow: SQL counts over the ledger. --deep: also re-read Kafka (read_committed) to tell holes."""
+    """Shallow: SQL counts over the ledger. --deep: also re-read Kafka (read_committed) to tell holes,
+    and read an executor-side sink, judged against Kafka's input (``relay.audit.sink``)."""
     from relay.audit import audit
 
-    return audit(cfg, deep=a.deep, progress=_say).to_json()
+    return audit(cfg, deep=a.deep, sink=a.deep, progress=_say).to_json()
 
 
 def cmd_checkpoint(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -296,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--deep",
         action="store_true",
         help="re-read Kafka (read_committed) and compare offset by offset: tells offsets without a record "
-        "(transaction markers, compaction) from missing records",
+        "(transaction markers, compaction) from missing records; read the sink and prove each input "
+        "offset's effect is there once (local Spark re-evaluates the transform; needs the secret_env)",
     )
     c = sub.add_parser("checkpoint", help="inspect a Spark checkpoint")
     c.add_argument("action", choices=["inspect"])

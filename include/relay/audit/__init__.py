@@ -48,11 +48,14 @@ def audit(
     deep: bool = False,
     progress: Callable[[str], None] | None = None,
     stall_s: float = 30.0,
+    sink: bool = False,
 ) -> AuditReport:
     """Audit the configured pipeline and topic; ``deep`` re-reads Kafka (see the module docstring).
 
     ``since``/``until`` bound the audited offsets per partition (``until`` caps at the given
-    offset; a partition missing from ``until`` is not audited).
+    offset; a partition missing from ``until`` is not audited). ``sink`` (``relay audit --deep``)
+    also reads an executor-side sink and judges it against Kafka's input (``relay.audit.sink``:
+    a local Spark session re-evaluates the transform, so it is not for an operation's own steps).
     """
     own = ledger is None
     ledger = ledger or Ledger(config.ledger_url)
@@ -63,17 +66,25 @@ def audit(
                 return kafka.earliest(config.topic), kafka.latest(config.topic)
 
             if not deep:
-                return audit_ledger(ledger, config.pipeline, config.topic, offsets, since=since, until=until)
-            with CommittedRecords(config.kafka_bootstrap, config.topic, stall_s, progress) as reader:
-                return audit_ledger(
-                    ledger,
-                    config.pipeline,
-                    config.topic,
-                    offsets,
-                    since=since,
-                    until=until,
-                    records=reader.offsets,
+                report = audit_ledger(
+                    ledger, config.pipeline, config.topic, offsets, since=since, until=until
                 )
+            else:
+                with CommittedRecords(config.kafka_bootstrap, config.topic, stall_s, progress) as reader:
+                    report = audit_ledger(
+                        ledger,
+                        config.pipeline,
+                        config.topic,
+                        offsets,
+                        since=since,
+                        until=until,
+                        records=reader.offsets,
+                    )
+        if sink:
+            from relay.audit.sink import audit_sink
+
+            report.sink = audit_sink(config, ledger, progress or (lambda _: None))
+        return report
     finally:
         if own:
             ledger.close()

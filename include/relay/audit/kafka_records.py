@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka import errors as kerrors
@@ -79,6 +79,10 @@ class CommittedRecords:
 
     def offsets(self, partition: int, start: int, end: int) -> Iterator[int]:
         """Yield the offset of every committed record in ``[start, end)``, ascending."""
+        return (record.offset for record in self.records(partition, start, end))
+
+    def records(self, partition: int, start: int, end: int) -> Iterator[Any]:
+        """Yield every committed record (kafka-python's ConsumerRecord) in ``[start, end)``, ascending."""
         if end <= start:
             return
         where = f"{self.topic}[{partition}]"
@@ -98,7 +102,7 @@ class CommittedRecords:
                 for record in batch:
                     if record.offset >= end:
                         return
-                    yield record.offset
+                    yield record
                 now_at = consumer.position(tp, timeout_ms=int(self.stall_s * 1000))
             except kerrors.OffsetOutOfRangeError as exc:
                 raise KafkaError(

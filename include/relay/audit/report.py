@@ -11,7 +11,10 @@ OK it cannot prove); the deep audit re-reads Kafka and splits them into ``holes`
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relay.audit.sink_report import SinkAudit
 
 EXAMPLES = 10  # offsets or ranges listed per kind of finding and partition
 
@@ -83,6 +86,7 @@ class AuditReport:
     applied_rows: int  # rows in the sink table: must equal message_count
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    sink: SinkAudit | None = None  # --deep on an executor-side sink: what the sink holds (``sink``)
 
     @property
     def totals(self) -> dict[str, int | None]:
@@ -94,9 +98,11 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.partitions) and self.message_count == self.applied_rows
+        sink_ok = self.sink is None or self.sink.ok
+        return all(p.ok for p in self.partitions) and self.message_count == self.applied_rows and sink_ok
 
     def to_json(self) -> dict[str, Any]:
+        sink = {} if self.sink is None else {"sink": self.sink.to_json()}
         return {
             "pipeline": self.pipeline,
             "topic": self.topic,
@@ -108,6 +114,7 @@ class AuditReport:
             "partitions": [p.to_json() for p in self.partitions],
             "notes": self.notes,
             "seconds": self.seconds,
+            **sink,
         }
 
 
@@ -125,17 +132,25 @@ def render(result: dict[str, Any]) -> str:
     totals = result["totals"]
     rows.append(["total", "", "", "", *(str(totals.get(c, "")) for c in columns[4:])])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-    lines = [f"audit of pipeline {result['pipeline']}, topic {result['topic']} ({result['mode']})"]
+    sink = result.get("sink")
+    read = ", sink read" if sink is not None and sink["read"] else ""
+    lines = [f"audit of pipeline {result['pipeline']}, topic {result['topic']} ({result['mode']}{read})"]
     lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in [columns, *rows]]
     for p in result["partitions"]:
         for kind, items in p["examples"].items():
             lines.append(f"partition {p['partition']} {kind.replace('_', ' ')}: {_ranges(items)}")
     lines += [f"note: {n}" for n in result["notes"]]
+    if sink is not None:
+        from relay.audit.sink_report import FAILURES, render_sink
+
+        lines += render_sink(sink)
     counts = f"count = {result['message_count']}, applied rows = {result['applied_rows']}"
     if result["ok"]:
         verdict = "OK: every offset read was applied exactly once or declared lost"
         if totals["unread"]:
             verdict += f"; {totals['unread']} offset(s) not read yet"
+        if sink is not None:
+            verdict += "; the sink was NOT read (ledger only)" if not sink["read"] else "; the sink agrees"
     else:
         wrong = [
             f"{totals[k]} {k.replace('_', ' ')}"
@@ -144,6 +159,8 @@ def render(result: dict[str, Any]) -> str:
         ]
         if result["message_count"] != result["applied_rows"]:
             wrong.append("count differs from rows")
+        if sink is not None and not sink["ok"]:
+            wrong += [f"sink: {sink['counts'][k]} {k}" for k in FAILURES if sink["counts"].get(k)]
         verdict = "NOT OK: " + ", ".join(wrong)
     lines.append(f"{counts}: {verdict} ({result['seconds']}s)")
     return "\n".join(lines)

@@ -300,7 +300,6 @@ class KafkaTransactionalSink:
         failed = next((f for f in futures if f.failed()), None)
         if failed is not None:
             raise failed.exception
-        assert plan.marker is not None
         producer.send(self.marker_topic, value=plan.marker.encode(), key=key.encode(), partition=tp.partition)
         producer.flush(timeout=self.marker_wait_s)
         crash_point(CRASH_BEFORE_COMMIT)
