@@ -190,8 +190,9 @@ def test_a_shuffling_kafka_pipeline_writes_each_record_once_through_kills_upgrad
     assert ledger.instance(green).state is InstanceState.FENCED
     witness(cfg, ledger, output)
 
-    report = audit(cfg, ledger, deep=True)
+    report = audit(cfg, ledger, deep=True, sink=True)  # relay audit --deep: it reads the sink too
     assert report.ok, render(report.to_json())
+    assert report.sink is not None and report.sink.kind == "kafka" and report.sink.counts["ok"] > 0
     assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]
 
 

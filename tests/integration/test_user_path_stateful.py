@@ -86,8 +86,9 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
     assert result["state"] == "EXECUTED", result
     _check_new_writer(cfg, ledger, url, result["instance_id"], {first, second})
 
-    report = audit(cfg, ledger, deep=True)
+    report = audit(cfg, ledger, deep=True, sink=True)  # relay audit --deep: it reads the sink too
     assert report.ok, render(report.to_json())
+    assert report.sink is not None and report.sink.kind == "stateful" and report.sink.counts["ok"] > 0
     assert [x["graceful"] for x in stop(cfg, timeout_s=120)["stopped"]] == [True]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from relay.artifacts import build_artifact
-from relay.audit import audit
+from relay.audit import audit, render
 from relay.config import RelayConfig
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka_offsets import KafkaOffsets
@@ -135,8 +135,9 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch, 
     assert after[0] - before[0] < 64 * 1024, "the Python driver's peak memory grew with the batch size"
     assert table(sink_url) == expected(130)
 
-    report = audit(cfg, ledger, deep=True)
-    assert report.ok, report.to_json()
+    report = audit(cfg, ledger, deep=True, sink=True)  # relay audit --deep: it reads the sink too
+    assert report.ok, render(report.to_json())
+    assert report.sink is not None and report.sink.kind == "upsert" and report.sink.counts["ok"] > 0
     assert sum(p.applied_once for p in report.partitions) == total and report.totals["unread"] == 0
     assert any("executor-side sink" in n for n in report.notes)
 
