@@ -63,6 +63,8 @@
  *                        an empty checkpoint with an empty state at its lowest cursor
  *   HEAL                 one attempt of blue finds its checkpoint lost (empty) and starts afresh: a heal
  *                        that finds an empty checkpoint (same instance, same generation)
+ *   POS_EPOCH            (with HEAL) the fix proposed by the finding HEAL_SAME_GENERATION: a window row's
+ *                        position is (generation, epoch, batch id), not (generation, batch id)
  *   NO_GREEN_PLANNED     mutant (STATEFUL): the handoff ignores green's planned end
  *   SHADOW_FLOOR         mutant (STATEFUL): the lease floor still cuts a stateful green's read
  *   STATEFUL_REOPENS     mutant (STATEFUL): an abort after a handoff in which green applied nothing
@@ -228,7 +230,11 @@ byte wb;                /* ... and batch id (newest wins: (generation, batch id)
 byte ck_w[NI];          /* where the checkpoint's state starts (W): it holds every record of [W, position) */
 #ifdef HEAL
 byte ck_n[NI];          /* the checkpoint's batch id (offsets/N: the in-flight or the last batch) */
+#ifdef POS_EPOCH
+#define BATCH_ID (ep * 8 + bn)   /* the fix proposed by HEAL_SAME_GENERATION: (generation, epoch, batch) */
+#else
 #define BATCH_ID bn     /* a heal empties the checkpoint: batch ids start again at 0 */
+#endif
 #define STATE_W aw      /* ... and so does the state: an attempt keeps the W of its checkpoint */
 #else
 /* One checkpoint per instance: within it batch ids grow with the batch's end offset, and W is the
