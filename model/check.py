@@ -8,7 +8,7 @@ every check ended as expected, 1 when one did not, 2 when spin or gcc is missing
     python model/check.py                 # all checks, a summary table and the counterexamples
     python model/check.py --json          # the same as JSON (used by tests/unit/test_model.py)
     python model/check.py --only upgrade NO_ROW_LOCK
-    python model/check.py --findings      # also the known defects (each must still reproduce)
+    python model/check.py --quick         # the small scenarios, every mutant and finding
 """
 
 from __future__ import annotations
@@ -45,50 +45,82 @@ INVARIANTS = {
     "shadow_below_H": 8,
     "green_reads_from_W": 9,
     "blue_newer_writer": 10,
+    "sink_no_duplicate": 11,
+    "sink_holds_applied": 12,
+    "window_complete": 13,
+    "window_current": 14,
 }
 
 # Bounded scenarios: each is searched exhaustively. Together they cover every operation; one
 # scenario with every process at once would not fit in a minute (see README.md). The optimisation
-# level trades gcc's time against the search's: -O2 pays only for the biggest search.
+# level trades gcc's time against the search's: -O2 pays only for the biggest searches.
+# Every scenario runs the executor path (prepare_tasks, take_over, the tasks' sink transactions,
+# commit_cursors) against a modelled sink: the Kafka transactional sink, or (STATEFUL) the window
+# row of a stateful pipeline's PostgreSQL upsert.
+_UPGRADE = ("-DNO_RECOVERY", "-DPROGRESS")
 SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "restarts": (
-        "blue alone, 3 attempts (restarts, zombies, replays)",
-        "-O0",
-        ("-DN=4", "-DRET=0", "-DBLUE_ATTEMPTS=3", "-DNO_UPGRADE", "-DNO_RECOVERY", "-DPROGRESS"),
+        "blue alone, 3 attempts (restarts, zombies, replays; tasks written, ledger commit not done), "
+        "Spark task retries",
+        "-O2",
+        ("-DN=4", "-DRET=0", "-DBLUE_ATTEMPTS=3", "-DNO_UPGRADE", "-DNO_RECOVERY", "-DRETRY", "-DPROGRESS"),
     ),
     "upgrade": (
-        "upgrade (warm standby, handoff, abort before/after green commits, drain), 2 blue attempts, 1 green",
+        "upgrade (warm standby, handoff, abort before/after green wrote or committed, drain), "
+        "2 blue attempts, 1 green",
         "-O2",
-        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=2", "-DGREEN_ATTEMPTS=1", "-DNO_RECOVERY", "-DPROGRESS"),
+        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=2", "-DGREEN_ATTEMPTS=1", *_UPGRADE),
     ),
     "upgrade-green-restarts": (
-        "upgrade (warm standby, handoff, abort before/after green commits, drain), 1 blue attempt, 2 green",
-        "-O0",
-        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=2", "-DNO_RECOVERY", "-DPROGRESS"),
+        "upgrade, 1 blue attempt, 2 green (a zombie green's tasks, green's replay after the abort)",
+        "-O2",
+        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=2", *_UPGRADE),
     ),
-    "recovery": (
-        "retention and recovery with 2 blue attempts and 1 recovered",
-        "-O0",
-        ("-DN=4", "-DRET=1", "-DBLUE_ATTEMPTS=2", "-DREC_ATTEMPTS=1", "-DNO_UPGRADE", "-DPROGRESS"),
-    ),
-    "everything": (
-        "upgrade, retention and recovery, 1 attempt per instance",
-        "-O0",
-        ("-DN=3", "-DRET=1", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=1", "-DREC_ATTEMPTS=1", "-DPROGRESS"),
-    ),
-    "explicit-H": (
-        "upgrade with an explicit H (refused below blue's planned end), batches of 1..3; the two "
-        "findings of issue #12 (STRANDED_AFTER_ABORT, TASK_RANGE_AFTER_ABORT) must not reproduce",
-        "-O0",
+    "redeploy": (
+        "stop + deploy at the cursor: the new instance takes the stopped one over in the sink "
+        "(fence, merge its written offsets); 2 blue attempts, 1 new",
+        "-O2",
         (
             "-DN=4",
             "-DRET=0",
-            "-DBLUE_ATTEMPTS=1",
-            "-DGREEN_ATTEMPTS=1",
-            "-DNO_RECOVERY",
-            "-DMAXB=3",
+            "-DBLUE_ATTEMPTS=2",
+            "-DREC_ATTEMPTS=1",
+            "-DNO_UPGRADE",
+            "-DREC_AT_CURSOR",
             "-DPROGRESS",
         ),
+    ),
+    "recovery": (
+        "retention and recovery (any target at or past the cursor) with 2 blue attempts and 1 "
+        "recovered; the known defect RECOVERY_SKIP_DUP is narrated, not flagged",
+        "-O2",
+        (
+            "-DN=4",
+            "-DRET=1",
+            "-DBLUE_ATTEMPTS=2",
+            "-DREC_ATTEMPTS=1",
+            "-DNO_UPGRADE",
+            "-DKNOWN_SKIP_DUP",
+            "-DPROGRESS",
+        ),
+    ),
+    "everything": (
+        "upgrade, retention and recovery, 1 attempt per instance (RECOVERY_SKIP_DUP narrated)",
+        "-O2",
+        (
+            "-DN=3",
+            "-DRET=1",
+            "-DBLUE_ATTEMPTS=1",
+            "-DGREEN_ATTEMPTS=1",
+            "-DREC_ATTEMPTS=1",
+            "-DKNOWN_SKIP_DUP",
+            "-DPROGRESS",
+        ),
+    ),
+    "explicit-H": (
+        "upgrade with an explicit H (refused below blue's planned end), batches of 1..3",
+        "-O0",
+        ("-DN=4", "-DRET=0", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=1", "-DMAXB=3", *_UPGRADE),
     ),
     "abort-latest": (
         "upgrade with H = Kafka's latest read before the lock, batches of 1..3",
@@ -98,25 +130,23 @@ SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "-DRET=0",
             "-DBLUE_ATTEMPTS=1",
             "-DGREEN_ATTEMPTS=1",
-            "-DNO_RECOVERY",
             "-DMAXB=3",
             "-DHANDOFF_LATEST",
-            "-DPROGRESS",
+            *_UPGRADE,
         ),
     ),
     "stateful": (
-        "stateful pipeline: green reads in shadow from a warm-up start W before the handoff, which "
-        "takes H at or above green's planned end too (explicit H), batches of 1..3; abort with new leases",
+        "stateful pipeline: green reads in shadow from W before the handoff, which takes H at or "
+        "above green's planned end too (explicit H), batches of 1..3; abort with new leases",
         "-O0",
         (
             "-DN=4",
             "-DRET=0",
             "-DBLUE_ATTEMPTS=1",
             "-DGREEN_ATTEMPTS=1",
-            "-DNO_RECOVERY",
             "-DMAXB=3",
             "-DSTATEFUL",
-            "-DPROGRESS",
+            *_UPGRADE,
         ),
     ),
     "stateful-latest": (
@@ -128,11 +158,10 @@ SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "-DRET=0",
             "-DBLUE_ATTEMPTS=1",
             "-DGREEN_ATTEMPTS=1",
-            "-DNO_RECOVERY",
             "-DMAXB=3",
             "-DHANDOFF_LATEST",
             "-DSTATEFUL",
-            "-DPROGRESS",
+            *_UPGRADE,
         ),
     ),
     "stateful-green-restarts": (
@@ -144,8 +173,37 @@ SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "-DRET=0",
             "-DBLUE_ATTEMPTS=1",
             "-DGREEN_ATTEMPTS=2",
-            "-DNO_RECOVERY",
             "-DNO_CRASHES",
+            "-DSTATEFUL",
+            *_UPGRADE,
+        ),
+    ),
+    "stateful-redeploy": (
+        "stateful stop + deploy at the cursor (D3: the new instance warms up from W, writes from S "
+        "with a newer generation), 2 blue attempts, 1 new, batches of 1..3",
+        "-O2",
+        (
+            "-DN=4",
+            "-DRET=0",
+            "-DBLUE_ATTEMPTS=2",
+            "-DREC_ATTEMPTS=1",
+            "-DMAXB=3",
+            "-DNO_UPGRADE",
+            "-DREC_AT_CURSOR",
+            "-DSTATEFUL",
+            "-DPROGRESS",
+        ),
+    ),
+    "stateful-recovery": (
+        "stateful recovery after retention or with a skip (the warm-up counts what Kafka still "
+        "holds), 1 blue attempt, 2 recovered",
+        "-O2",
+        (
+            "-DN=4",
+            "-DRET=1",
+            "-DBLUE_ATTEMPTS=1",
+            "-DREC_ATTEMPTS=2",
+            "-DNO_UPGRADE",
             "-DSTATEFUL",
             "-DPROGRESS",
         ),
@@ -166,24 +224,58 @@ MUTANTS: tuple[tuple[str, str, str, str], ...] = (
         "no_double_apply",
         "handoff closes blue's lease with a CAS on the cursor but without locking blue's row",
     ),
-    ("NO_EPOCH_CHECK", "restarts", "single_writer", "commit does not check the attempt's epoch"),
+    ("NO_EPOCH_CHECK", "restarts", "single_writer", "the ledger does not check the attempt's epoch"),
     (
         "NO_FENCE_CHECK",
         "upgrade-green-restarts",
         "no_double_apply",
-        "commit does not refuse a fenced instance",
+        "the ledger does not refuse a fenced instance",
     ),
     (
         "STALE_RECOVERY_PLAN",
         "recovery",
         "gap_only_unapplied",
-        "recovery plans before it stops the pipeline (recover.py today)",
+        "recovery plans before it stops the pipeline",
     ),
     (
         "ABORT_REOPENS",
         "upgrade",
         "no_double_apply",
         "an abort after green committed reopens blue's lease instead of opening [X, ...) for blue",
+    ),
+    (
+        "ABORT_DELETES_GREEN",
+        "upgrade",
+        "sink_no_duplicate",
+        "an abort after green wrote, before it committed, deletes green's lease and reopens blue's "
+        "(issue #29, case 2): green is nobody's predecessor",
+    ),
+    (
+        "SKIP_BELOW_MARKER",
+        "restarts",
+        "sink_holds_applied",
+        "the old Kafka marker (one end; a later epoch skips everything below it) and no regroup "
+        "(issue #29, case 1)",
+    ),
+    (
+        "NO_REGROUP",
+        "restarts",
+        "sink_holds_applied",
+        "written intervals (D1) but a shuffle splits a source partition over two tasks: the first "
+        "task's marker claims the second's rows",
+    ),
+    (
+        "TAKE_OVER_RAISES_END",
+        "explicit-H",
+        "sink_holds_applied",
+        "the old Kafka marker with the regroup: take-over raises the taker's one end to its "
+        "predecessor's, over the taker's own undrained range",
+    ),
+    (
+        "NO_TAKE_OVER",
+        "redeploy",
+        "sink_no_duplicate",
+        "the driver neither fences its predecessors in the sink nor merges their written offsets",
     ),
     (
         "NO_READ_CAP",
@@ -218,8 +310,9 @@ MUTANTS: tuple[tuple[str, str, str, str], ...] = (
     (
         "STATEFUL_REOPENS",
         "stateful",
-        "blue_newer_writer",
-        "a stateful abort reopens blue's lease where green applied nothing: blue's generation is older",
+        "window_current",
+        "a stateful abort reopens blue's lease where green applied nothing: blue's generation is "
+        "older, its window values lose to green's stale one",
     ),
     (
         "DELETE_BEFORE_OPEN",
@@ -227,15 +320,45 @@ MUTANTS: tuple[tuple[str, str, str, str], ...] = (
         "blue_newer_writer",
         "the abort deletes green's unapplied lease before opening blue's: SQLite reuses its id",
     ),
+    (
+        "STATEFUL_NO_WARM_UP",
+        "stateful-redeploy",
+        "window_complete",
+        "a stateful deploy or recovery starts with an empty state at a newer generation (issue #29, "
+        "case 3): its partial count wins",
+    ),
 )
 
-# Known defects of the protocol as coded (not mutants): (name, defines, invariant, what goes wrong).
-# Run with --findings; each must still reproduce (when one no longer does, the code was fixed: make
-# it a scenario). None now: STRANDED_AFTER_ABORT and TASK_RANGE_AFTER_ABORT (issue #12) are fixed
-# and checked by the scenario explicit-H (and the mutants NO_PLANNED_END, PLAN_RECORD_AFTER).
-FINDINGS: tuple[tuple[str, tuple[str, ...], str, str], ...] = ()
+# Known defects of the design as the model follows it (not mutants): (name, base scenario, defines
+# added, defines removed, invariant, what goes wrong). Every run checks them; each must still reproduce
+# (when one no longer does, the code was fixed: make it a scenario, and drop the narration switch).
+FINDINGS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], str, str], ...] = (
+    (
+        "RECOVERY_SKIP_DUP",
+        "recovery",
+        (),
+        ("-DKNOWN_SKIP_DUP",),
+        "sink_no_duplicate",
+        "a recovery whose target is past the cursor leaves the new lease without predecessor (its "
+        "start is no lease's end): the old instance's output past the target is written again",
+    ),
+    (
+        "HEAL_SAME_GENERATION",
+        "stateful-redeploy",
+        ("-DHEAL", "-DNO_RECOVERY"),
+        ("-DREC_ATTEMPTS=1",),
+        "window_current",
+        "a stateful instance that finds its checkpoint empty keeps its generation but restarts its "
+        "batch ids: its (complete) window values lose to its own older rows",
+    ),
+)
 
-BIGGEST = ("upgrade", "stateful-green-restarts")  # started first
+# The scenarios of the quick run (`--quick`, and the default test suite): small searches; every
+# mutant and finding runs there too (each stops at its first violation). The others are the heavy
+# part (`make model` runs everything; tests/unit/test_model.py marks them slow).
+QUICK = ("redeploy", "explicit-H", "abort-latest", "stateful", "stateful-latest", "stateful-redeploy")
+
+BIGGEST = ("upgrade", "restarts", "recovery", "redeploy")  # started first
 PAN_DEPTH = 200_000
 TIMEOUT_S = 600
 
@@ -280,9 +403,10 @@ def all_checks(findings: bool = False) -> list[Check]:
         defines = SCENARIOS[scenario][2] + (f"-D{switch}", f"-DONLY={INVARIANTS[invariant]}")
         checks.append(Check(switch, scenario, defines, invariant, about, kind="mutant"))
     if findings:
-        for name, defines, invariant, about in FINDINGS:
-            only = (f"-DONLY={INVARIANTS[invariant]}",)
-            checks.append(Check(name, "explicit-H", defines + only, invariant, about, kind="finding"))
+        for name, scenario, added, dropped, invariant, about in FINDINGS:
+            base = tuple(d for d in SCENARIOS[scenario][2] if d not in dropped)
+            defines = base + added + (f"-DONLY={INVARIANTS[invariant]}",)
+            checks.append(Check(name, scenario, defines, invariant, about, kind="finding"))
     return checks
 
 
@@ -351,6 +475,8 @@ def run_check(check: Check, workdir: Path) -> Result:
         res.violated = "unknown"
     if "max search depth too small" in out:
         res.problem = "the search was truncated (max search depth too small)"
+    elif "reached -DMEMLIM bound" in out or ("Search not completed" in out and errors == 0):
+        res.problem = "the search did not complete (memory bound reached)"
     elif "out of memory" in out or errors < 0:
         res.problem = f"pan did not finish: {out.strip()[-500:]}"
     res.passed = errors == 0 and not res.problem
@@ -415,7 +541,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="check names (scenarios or mutant switches)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument(
-        "--findings", action="store_true", help="also the known defects of the protocol (each must reproduce)"
+        "--quick", action="store_true", help="the quick scenarios (QUICK), every mutant and finding"
+    )
+    parser.add_argument(
+        "--findings", action="store_true", help="(kept for old scripts: the known defects always run now)"
     )
     args = parser.parse_args(argv)
 
@@ -427,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    checks = all_checks(findings=args.findings or bool(args.only))
+    checks = all_checks(findings=True)  # the known defects always run (each must reproduce)
+    if args.quick:
+        checks = [c for c in checks if c.kind != "scenario" or c.name in QUICK]
     if args.only:
         unknown = set(args.only) - {c.name for c in checks}
         if unknown:

@@ -1,63 +1,87 @@
 /*
- * relay.pml -- a Promela model of Relay's exactly-once protocol (model/README.md says what is
- * modelled, what is abstracted, and how each invariant maps to the code). Checked by model/check.py.
+ * relay.pml -- a Promela model of Relay's exactly-once protocol on the path users run: the executor
+ * side (model/README.md says what is modelled, what is abstracted, and how each invariant maps to
+ * the code). Checked by model/check.py.
  *
  * One Kafka partition with offsets 0..N-1; three instances (blue, green made by the upgrade as a warm
- * standby, and the fresh instance a recovery makes), each with one lease row, and a second row for
- * blue's continuation [X, ...) after an abort that green committed before; attempts with epochs; the
- * instance row lock; the commit transaction; the source guard (hold, floor, read cap) and the planned
- * end the source records under the row lock; the blue-green handoff (H at or above blue's and
- * green's planned ends), its abort (before or after green committed) and the drain; the recovery;
- * retention; and a crash between any two steps of every process. With -DSTATEFUL, a stateful
- * pipeline: green, while a standby, reads in shadow from a warm-up start W (no hold, no floor),
- * records its planned ends under its own row lock and applies nothing; an abort after the handoff
- * gives blue a NEW lease (a newer writer generation) even where green applied nothing.
+ * standby, and the fresh instance a recovery or a stop + deploy makes), each with one lease row, and a
+ * second row for blue's continuation after an abort of the upgrade; attempts with epochs; the
+ * instance row lock; the source guard (hold, floor, read cap) and the planned end the source records
+ * under the row lock; per micro-batch the executor path of pipeline_driver.process_batch:
+ * prepare_tasks (a ledger transaction: refuse a zombie, the task range inside the leases at/after the
+ * cursors, the predecessors), take_over (fence the predecessors in the SINK and merge their written
+ * offsets), the tasks (each ONE sink transaction: check the fence, keep the rows in the range, write
+ * idempotently), then commit_cursors (ONE ledger transaction: compare-and-set the cursors); a crash
+ * between any two steps. The sink is modelled: without STATEFUL, the Kafka transactional sink of
+ * DESIGN-29 D1 (per instance a marker: its fence epoch, a fenced flag and the set of source offsets its
+ * committed transactions wrote; the output: how many records each source offset has); with STATEFUL,
+ * the PostgreSQL upsert of a stateful pipeline (one window row: its value, written by the newest writer
+ * position (generation, batch id)).
  *
  * Build switches (spin -D...):
  *   NO_ROW_LOCK          mutant: the handoff reads blue's lease without locking blue's instance row
  *                        and closes it with an UPDATE that ignores the cursor (READ COMMITTED race)
  *   NO_HANDOFF_LOCK      the handoff does not lock blue's row but keeps the compare-and-set on the
  *                        cursor when it closes blue's lease (the CAS alone must be enough)
- *   NO_EPOCH_CHECK       mutant: the commit does not compare the attempt's epoch with the instance's
- *   NO_FENCE_CHECK       mutant: the commit does not refuse a fenced (non-live) instance
+ *   NO_EPOCH_CHECK       mutant: the ledger does not compare the attempt's epoch with the instance's
+ *   NO_FENCE_CHECK       mutant: the ledger does not refuse a fenced (non-live) instance
  *   STALE_RECOVERY_PLAN  mutant: the recovery plans (reads the cursor, picks the target) BEFORE it
- *                        stops the pipeline and records its gaps from that plan (recover.py did until
- *                        _open_new_instance read the cursors in its own transaction)
+ *                        stops the pipeline and records its gaps from that plan
  *   ABORT_REOPENS        mutant: an abort after green committed reopens blue's lease closed at H
- *                        (as the abort before green's first commit does) instead of opening [X, ...)
+ *                        instead of opening blue a new lease [X, ...)
+ *   ABORT_DELETES_GREEN  mutant (D2): an abort after the handoff in which green committed nothing
+ *                        deletes green's lease and reopens blue's (the code before DESIGN-29 D2): green,
+ *                        whose tasks may have written [H, ...) in the sink, is nobody's predecessor
  *   NO_READ_CAP          mutant: the source guard does not cap blue at H while its closed lease
  *                        [cursor, H) is undrained and its next lease starts at X > H (read_cap)
- *   NO_PLANNED_END       mutant: the handoff ignores blue's recorded planned end (H only at or above
- *                        blue's cursor): the code before issue #12 was fixed
- *   PLAN_RECORD_AFTER    mutant: the source reads the guard and plans in one transaction and records
- *                        its planned end in a later one (not under the same row lock)
+ *   NO_PLANNED_END       mutant: the handoff ignores blue's recorded planned end (issue #12)
+ *   PLAN_RECORD_AFTER    mutant: the source records its planned end in a transaction after the one
+ *                        that read the guard
+ *   NO_REGROUP           mutant (D1): a batch's rows of the source partition are split over two tasks
+ *                        (a shuffle in the transform) and the driver does not regroup them
+ *   SKIP_BELOW_MARKER    mutant (D1): the Kafka marker of the code before DESIGN-29: one `end` (every
+ *                        offset below it counts as written), a second task of the same attempt and batch
+ *                        refused, take-over raises `end` to the predecessor's; and no regroup
+ *   TAKE_OVER_RAISES_END mutant (D1): the old marker (one `end`) with the regroup: take-over raises the
+ *                        taker's end to its predecessor's, over the taker's own undrained range
+ *   NO_TAKE_OVER         mutant: the driver neither fences its predecessors in the sink nor merges
+ *                        their written offsets before its tasks write their range
+ *   PRED_AT_OR_BELOW     the predecessor rule proposed by the finding RECOVERY_SKIP_DUP: the non-live
+ *                        instances whose lease ends AT OR BELOW this lease's start (code: AT it)
+ *   KNOWN_SKIP_DUP       do not flag the known defect RECOVERY_SKIP_DUP (a duplicate at or past the
+ *                        target of a recovery that skipped past the cursor); narrate it
+ *   RETRY                Spark may run a task again after it committed (a retry, or a speculative
+ *                        copy: the same rows, the same epoch and batch)
  *   STATEFUL             a stateful pipeline (relay.stateful): green's standby attempts read in shadow
- *                        from a warm-up start W (any offset still in Kafka), with no hold and no
- *                        lease floor (kafka_source._shadowed), record their planned ends in green's
- *                        row under green's row lock, and apply nothing (pipeline_driver.shadow_batch);
- *                        green is READY after its first shadow batch; the handoff takes H at or
- *                        above green's planned end too; an abort after the handoff opens blue a new
- *                        lease [H, ...) where green applied nothing (and deletes green's lease after)
- *   NO_GREEN_PLANNED     mutant (STATEFUL): the handoff ignores green's planned end (H only at or above
- *                        blue's cursor and planned end): green's shadow position may pass H
- *   SHADOW_FLOOR         mutant (STATEFUL): the lease floor still cuts a stateful green's read (the
- *                        floors={} of kafka_source._shadowed left out): after the handoff green skips
- *                        from its shadow position up to H
+ *                        from the warm-up start W, record their planned ends under green's row lock,
+ *                        apply nothing; green is READY after its first shadow batch; the handoff takes
+ *                        H at or above green's planned end too. D3: every instance whose query starts
+ *                        on an empty checkpoint warms up from W (Kafka's earliest: one window holds
+ *                        every offset) up to its lowest cursor S with writes suppressed, no batch
+ *                        spanning S. The sink is the window row, newest writer position wins
+ *   STATEFUL_NO_WARM_UP  mutant (STATEFUL, D3): an instance that is not an upgrade's standby starts on
+ *                        an empty checkpoint with an empty state at its lowest cursor
+ *   HEAL                 one attempt of blue finds its checkpoint lost (empty) and starts afresh: a heal
+ *                        that finds an empty checkpoint (same instance, same generation)
+ *   POS_EPOCH            (with HEAL) the fix proposed by the finding HEAL_SAME_GENERATION: a window row's
+ *                        position is (generation, epoch, batch id), not (generation, batch id)
+ *   NO_GREEN_PLANNED     mutant (STATEFUL): the handoff ignores green's planned end
+ *   SHADOW_FLOOR         mutant (STATEFUL): the lease floor still cuts a stateful green's read
  *   STATEFUL_REOPENS     mutant (STATEFUL): an abort after a handoff in which green applied nothing
- *                        reopens blue's lease (the stateless way) instead of opening a new one
+ *                        reopens blue's lease instead of opening a new one
  *   DELETE_BEFORE_OPEN   mutant (STATEFUL): the abort deletes green's unapplied lease BEFORE it opens
  *                        blue's new one (SQLite gives the new lease the deleted lease's id again)
- *   HANDOFF_LATEST       H is Kafka's latest offset, read by the handoff BEFORE it locks blue's row:
- *                        at or past the end of every batch planned before that read (blue may plan
- *                        more in between), raised to blue's planned end; default: any H at or past
- *                        blue's cursor (an explicit handoff), refused below blue's planned end
+ *   HANDOFF_LATEST       H is Kafka's latest offset, read by the handoff BEFORE it locks blue's row,
+ *                        raised to the planned ends; default: an explicit H, refused below them
  *   PROGRESS             also assert invariants 6 and 7 (below) under ONLY=0
- *   ONLY=k               assert only invariant k (1..10, below); 0 (default) asserts 1..5 (and 6, 7
- *                        with PROGRESS; and 8..10 with STATEFUL)
+ *   ONLY=k               assert only invariant k (1..14, below); 0 (default) asserts 1..5 and 11..14
+ *                        (those of the sink modelled), 6 and 7 with PROGRESS, 8..10 with STATEFUL
  *   N, RET, MAXB         offsets in the partition; how many of them retention may delete; the most
  *                        offsets a batch reads (maxOffsetsPerTrigger: 2 or 3)
  *   BLUE_ATTEMPTS, GREEN_ATTEMPTS, REC_ATTEMPTS   attempts the supervision may start per instance
  *   NO_UPGRADE, NO_RECOVERY                       leave that operation out
+ *   REC_AT_CURSOR        the recovery's target is the cursor (strategy earliest, nothing deleted past
+ *                        it): a stop + deploy (a redeploy); default: any target at or past it
  *   ATOMIC_COMMIT        the commit transaction as one step (default: two, with a crash between)
  *   NO_CRASHES           no explicit crash branches
  */
@@ -83,10 +107,16 @@
 #ifndef MAXB
 #define MAXB 2
 #endif
+#if defined(NO_REGROUP) || defined(SKIP_BELOW_MARKER)
+#define SPLIT 1     /* a source partition's rows of a batch reach two tasks */
+#endif
+#if defined(SKIP_BELOW_MARKER) || defined(TAKE_OVER_RAISES_END)
+#define OLD_MARKER 1  /* the Kafka marker before DESIGN-29 D1: one `end` */
+#endif
 
 #define OPEN 15     /* a lease's end while it is open ("end_offset IS NULL"); any value > N */
 #define NL 4        /* lease rows: 0 = blue's, 1 = green's (handoff), 2 = the recovered instance's,
-                     * 3 = blue's continuation [X, ...) (an abort after green applied [H, X)) */
+                     * 3 = blue's continuation after an abort that followed the handoff */
 #define NI 3        /* instances; instance x's first lease is row x, blue's second is row BCONT */
 #define BLUE 0
 #define GREEN 1
@@ -120,6 +150,11 @@
 #define FROM(x, p) (FLOOR(x) > p -> FLOOR(x) : p)
 #endif
 
+/* sets of offsets (N <= 7) as bit masks: [a, b), and everything below b */
+#define RANGE(a, b) ((1 << (b)) - (1 << (a)))
+#define BELOW(b) ((1 << (b)) - 1)
+#define HAS(m, o) (((m) >> (o)) & 1)
+
 /* the instance's Spark checkpoint: empty, offsets/N written (planned), commits/N written (done) */
 #define CK_EMPTY 0
 #define CK_PLANNED 1
@@ -149,6 +184,14 @@
 #define FENCE_OK(x) LIVE(x)
 #endif
 
+/* predecessors.lease_predecessors: another instance's lease that ENDS where this one starts (D2);
+ * the proposed rule of RECOVERY_SKIP_DUP: that ends at or below it */
+#ifdef PRED_AT_OR_BELOW
+#define PRED_END(q, r) (l_end[q] != OPEN && l_end[q] <= l_start[r])
+#else
+#define PRED_END(q, r) (l_end[q] == l_start[r])
+#endif
+
 /* ------------------------------------------------------------------ the ledger (shared state) */
 byte ist[NI];           /* instance state */
 byte cur_epoch[NI];     /* instances.current_epoch */
@@ -161,14 +204,44 @@ byte l_cur[NL];         /* next_offset: the cursor */
 byte op;                /* the operation in progress, if any */
 byte planned_b;         /* instances.planned_ends of blue: the highest end its source planned, recorded
                          * under blue's row lock before Spark runs the batch */
-byte planned_g;         /* ... and of green while it is a standby (only a stateful green plans then; its
-                         * later ends, and the recovered instance's, are recorded too, but nothing
-                         * reads them: no handoff of theirs is modelled) */
+byte planned_g;         /* ... and of green while it is a standby (only a stateful green plans then) */
 #ifdef STATEFUL
 bit  g_ready;           /* green READY: set by its first shadow batch (mark_ready, from STANDBY only) */
 byte l_id[NL];          /* the lease row's id: max(id) + 1 at insert (SQLite's rowid without
                          * AUTOINCREMENT, so a deleted highest id is taken again); the writer
                          * generation of an instance is the highest id among its leases */
+#endif
+
+/* ------------------------------------------------------------------ the sink */
+byte mk_ep[NI];         /* the instance's fence epoch in the sink (Kafka: its range marker and instance
+                         * record; PostgreSQL: its fence row): fence_epoch raises it */
+bit  mk_fen[NI];        /* fenced for good in the sink (take_over of a predecessor) */
+#ifndef STATEFUL
+byte mk_w[NI];          /* D1: the marker's `written` intervals: the source offsets committed
+                         * transactions of the instance wrote (a bit mask); SKIP_BELOW_MARKER: BELOW(end) */
+byte cnt[N];            /* the output topic read read_committed: records per source offset (0..2) */
+#ifdef OLD_MARKER
+byte mk_rep[NI];        /* the old marker's range_epoch: the epoch of the task that wrote it last */
+#endif
+#else
+byte wv;                /* the window row (one window holds every offset, one group key): its value */
+byte wg;                /* ... and its position: the writer's generation (0: no row yet) ... */
+byte wb;                /* ... and batch id (newest wins: (generation, batch id) compared in order) */
+byte ck_w[NI];          /* where the checkpoint's state starts (W): it holds every record of [W, position) */
+#ifdef HEAL
+byte ck_n[NI];          /* the checkpoint's batch id (offsets/N: the in-flight or the last batch) */
+#ifdef POS_EPOCH
+#define BATCH_ID (ep * 8 + bn)   /* the fix proposed by HEAL_SAME_GENERATION: (generation, epoch, batch) */
+#else
+#define BATCH_ID bn     /* a heal empties the checkpoint: batch ids start again at 0 */
+#endif
+#define STATE_W aw      /* ... and so does the state: an attempt keeps the W of its checkpoint */
+#else
+/* One checkpoint per instance: within it batch ids grow with the batch's end offset, and W is the
+ * checkpoint's. So the batch id is represented by the end offset (fewer states, the same order). */
+#define BATCH_ID e
+#define STATE_W ck_w[i]
+#endif
 #endif
 
 /* ------------------------------------------------------------------ outside the ledger */
@@ -183,35 +256,46 @@ bit  launched[NI];      /* submitted: the cluster's supervision may start attemp
 byte budget[NI];        /* attempts the supervision may still start (bounds the model) */
 byte cap[NI];           /* derived from the leases and cursors: where the source guard stops reading
                          * (0 = hold: a standby without a lease plans nothing) */
+#ifdef HEAL
+bit  healed;            /* blue's checkpoint was lost once (a heal finds it empty) */
+#endif
 
 /* ------------------------------------------------------------------ ghosts, for the invariants */
-byte applied[N];        /* how many times each offset was applied (written by a committed batch) */
+byte applied[N];        /* how many times each offset was applied in the LEDGER (a cursor moved over it
+                         * inside a lease) */
 bit  gap[N];            /* declared lost or skipped (a gap record) */
 byte ghostH = OPEN;     /* the handoff offset H (OPEN: no handoff yet) */
 byte ghostX = OPEN;     /* green's range is [ghostH, ghostX): OPEN while the handoff is in force; after
                          * an abort, X (green applied [H, X)) or H (green applied nothing) */
 byte blue_reach;        /* 1 + the highest offset blue applied (0: none) */
+bit  rec_skip;          /* the recovery's target was past the cursor (KNOWN_SKIP_DUP) */
 #ifdef STATEFUL
-byte warm = OPEN;       /* W, green's warm-up start (OPEN: not chosen yet) */
 byte g_shadow;          /* the highest end of a batch green ran in shadow (read, applied nothing) */
 #endif
 
 /* one bit per invariant; each goes to 0 when its invariant is violated, and is asserted */
-bit no_double_apply = 1;        /* 1: no offset applied twice */
+bit no_double_apply = 1;        /* 1: no offset applied twice (in the ledger) */
 bit no_skip_without_gap = 1;    /* 2: every offset is applied, in a gap, or still ahead of a cursor */
 bit single_writer = 1;          /* 3: only the attempt holding its live instance's current epoch commits */
 bit blue_outside_green = 1;     /* 4: blue never applies an offset of green's range [H, X) */
 bit gap_only_unapplied = 1;     /* 5: a gap never covers an applied offset */
 bit no_stranded_offset = 1;     /* 6: no live instance's read position passes an offset its own
                                  *    unfinished lease still has to apply (it could never read it) */
-bit one_task_range = 1;         /* 7: the offsets a batch may apply form one range (executor-side
-                                 *    sinks: _task_ranges refuses the batch otherwise, for ever) */
-bit shadow_below_H = 1;         /* 8 (STATEFUL): green never read, in a batch that applies nothing
-                                 *    (a shadow batch), an offset at or past H: applied by nobody */
-bit green_reads_from_W = 1;     /* 9 (STATEFUL): every batch green plans starts at its position (W,
-                                 *    then the end of its last batch): no gap in its state since W */
+bit one_task_range = 1;         /* 7: the offsets a batch may apply form one range (prepare_tasks'
+                                 *    _task_ranges refuses the batch otherwise, for ever) */
+bit shadow_below_H = 1;         /* 8 (STATEFUL): green never read, in a shadow batch, an offset at or
+                                 *    past H: applied by nobody */
+bit green_reads_from_W = 1;     /* 9 (STATEFUL): every batch green plans starts at its position */
 bit blue_newer_writer = 1;      /* 10 (STATEFUL): after an abort that followed the handoff, blue's
                                  *    writer generation is above green's */
+bit sink_no_duplicate = 1;      /* 11 (Kafka): no source offset has output from two committed
+                                 *    transactions */
+bit sink_holds_applied = 1;     /* 12 (Kafka): every offset applied in the ledger has its output in the
+                                 *    sink (when the cursor moves over it, and at quiescence exactly once) */
+bit window_complete = 1;        /* 13 (STATEFUL): a window value that wins in the sink is never below
+                                 *    the records a complete state holds at its batch's end */
+bit window_current = 1;         /* 14 (STATEFUL): once a cursor moved to e, the stored window value
+                                 *    counts every record below e that Kafka holds */
 
 /* scratch for loops inside atomic steps (always reset to 0 after use) */
 byte ho;
@@ -219,6 +303,7 @@ byte hl;
 byte hx;
 byte hf;
 byte hg;
+byte hm;
 
 #if ONLY == 0 || ONLY == 1
 #define CHECK1 assert(no_double_apply)
@@ -260,7 +345,7 @@ byte hg;
 #define CHECK7 skip
 #define WATCH7 0
 #endif
-/* 8..10 exist only in the stateful model (their ghosts too) */
+/* 8..10 and 13, 14 exist only in the stateful model (their ghosts too); 11 and 12 only without it */
 #if defined(STATEFUL) && (ONLY == 0 || ONLY == 8)
 #define CHECK8 assert(shadow_below_H)
 #else
@@ -276,6 +361,26 @@ byte hg;
 #else
 #define CHECK10 skip
 #endif
+#if !defined(STATEFUL) && (ONLY == 0 || ONLY == 11)
+#define CHECK11 assert(sink_no_duplicate)
+#else
+#define CHECK11 skip
+#endif
+#if !defined(STATEFUL) && (ONLY == 0 || ONLY == 12)
+#define CHECK12 assert(sink_holds_applied)
+#else
+#define CHECK12 skip
+#endif
+#if defined(STATEFUL) && (ONLY == 0 || ONLY == 13)
+#define CHECK13 assert(window_complete)
+#else
+#define CHECK13 skip
+#endif
+#if defined(STATEFUL) && (ONLY == 0 || ONLY == 14)
+#define CHECK14 assert(window_current)
+#else
+#define CHECK14 skip
+#endif
 
 inline say(x) {
   if
@@ -290,6 +395,33 @@ inline say_end(x) {
   :: x == OPEN -> printf("open")
   :: else -> printf("%d", x)
   fi
+}
+
+/* a set of offsets, as its members: {0,2} */
+inline say_set(m) {
+  printf("{");
+  hf = 0;
+  for (ho : 0 .. N - 1) {
+    if
+    :: HAS(m, ho) -> if :: hf -> printf(",") :: else -> skip fi; printf("%d", ho); hf = 1
+    :: else -> skip
+    fi
+  }
+  printf("}");
+  ho = 0; hf = 0
+}
+
+/* a Kafka marker's progress: the written offsets (D1), or the old marker's one `end` */
+inline say_marker(m) {
+#ifdef OLD_MARKER
+  hg = 0;
+  for (ho : 0 .. N - 1) { if :: HAS(m, ho) -> hg = ho + 1 :: else -> skip fi }
+  ho = 0;
+  printf("end %d", hg);
+  hg = 0
+#else
+  say_set(m)
+#endif
 }
 
 /* Every offset is applied, declared a gap, or still owned by a lease at or after its cursor. */
@@ -347,7 +479,8 @@ inline check_stranded() {
 inline check_all() {
   check_accounted();
   check_stranded();
-  CHECK1; CHECK2; CHECK3; CHECK4; CHECK5; CHECK6; CHECK7; CHECK8; CHECK9; CHECK10
+  CHECK1; CHECK2; CHECK3; CHECK4; CHECK5; CHECK6; CHECK7; CHECK8; CHECK9; CHECK10;
+  CHECK11; CHECK12; CHECK13; CHECK14
 }
 
 /* What the source guard lets each instance read up to (relay.source_guard.read_cap; never past
@@ -390,10 +523,12 @@ inline recompute_caps() {
   hx = 0; hl = 0; ho = 0; hf = 0; hg = 0
 }
 
+/* The commit transaction moves a cursor over offset o: o is applied in the LEDGER. The output of a
+ * Kafka sink must be in the sink by then (the tasks wrote before the driver commits). */
 inline apply(x, o) {
   if
   :: applied[o] > 0 ->
-    printf("@@ VIOLATION no_double_apply: offset %d applied again, by ", o); say(x); printf("\n");
+    printf("@@ VIOLATION no_double_apply: offset %d applied again in the ledger, by ", o); say(x); printf("\n");
     no_double_apply = 0
   :: else -> skip
   fi;
@@ -410,6 +545,14 @@ inline apply(x, o) {
     blue_outside_green = 0
   :: else -> skip
   fi;
+#ifndef STATEFUL
+  if
+  :: cnt[o] == 0 ->
+    printf("@@ VIOLATION sink_holds_applied: offset %d is applied in the ledger (cursor moved over it) but has no output in the sink\n", o);
+    sink_holds_applied = 0
+  :: else -> skip
+  fi;
+#endif
   if
   :: applied[o] < 2 -> applied[o]++
   :: else -> skip
@@ -419,6 +562,33 @@ inline apply(x, o) {
   :: else -> skip
   fi
 }
+
+#ifndef STATEFUL
+/* A committed Kafka transaction of instance x holds the output record of source offset o. */
+inline sink_write(x, o) {
+  printf("@@     output of offset %d written\n", o);
+  if
+  :: cnt[o] > 0 ->
+#ifdef KNOWN_SKIP_DUP
+    if
+    :: rec_skip && l_valid[2] && o >= l_start[2] ->
+      printf("@@ KNOWN DEFECT RECOVERY_SKIP_DUP: offset %d written again, past the skipping recovery's target\n", o)
+    :: else ->
+#endif
+      printf("@@ VIOLATION sink_no_duplicate: offset %d has output from two committed transactions (the second by ", o);
+      say(x); printf(")\n");
+      sink_no_duplicate = 0
+#ifdef KNOWN_SKIP_DUP
+    fi
+#endif
+  :: else -> skip
+  fi;
+  if
+  :: cnt[o] < 2 -> cnt[o]++
+  :: else -> skip
+  fi
+}
+#endif
 
 /* The id of a lease row inserted now: one above the highest id of the rows that exist (SQLite's
  * rowid: a deleted highest id is taken again). Only the stateful model keeps ids (the generation). */
@@ -449,8 +619,114 @@ inline record_gap(o) {
   gap[o] = 1
 }
 
+/* ------------------------------------------------------------------ the tasks' sink transactions */
+#ifndef STATEFUL
+/* One Kafka transaction of a task of instance i holding rows R (a set of source offsets) of the
+ * source partition, whose batch range is [rf, rl) (KafkaTransactionalSink._write_group, kafka_markers).
+ * The transactional id of (instance, source partition) serialises every transaction of it and the
+ * driver's fences (init_transactions fences an older producer), so the read of the marker, the fence
+ * check, the rows and the new marker are one atomic step. */
+inline kafka_task(R) {
+  if
+  :: mk_fen[i] || mk_ep[i] > ep ->
+    printf("@@ "); say(i); printf(" e%d's task is refused by the sink (fenced %d, epoch %d there): a zombie\n",
+           ep, mk_fen[i], mk_ep[i]);
+    goto gone
+  :: else -> skip
+  fi;
+#ifdef OLD_MARKER
+  /* the old marker: one `end`; everything below it counts as written */
+  hg = 0;
+  for (o : 0 .. N - 1) { if :: HAS(mk_w[i], o) -> hg = o + 1 :: else -> skip fi }
+  hm = (R) & ~BELOW(hg);
+#else
+  /* D1: send the rows of [rf, rl) outside every written interval */
+  hm = (R) & ~mk_w[i];
+#endif
+  printf("@@ "); say(i); printf(" e%d's task holds rows ", ep); say_set(R);
+  printf(" of [%d,%d); its marker has ", rf, rl); say_marker(mk_w[i]); printf("; it sends "); say_set(hm);
+  printf("\n");
+  for (o : 0 .. N - 1) {
+    if
+    :: HAS(hm, o) -> sink_write(i, o)
+    :: else -> skip
+    fi
+  }
+  o = 0;
+  if
+  :: hm != 0 ->
+#ifdef OLD_MARKER
+    mk_w[i] = BELOW(hg > rl -> hg : rl);
+    mk_rep[i] = ep;
+#else
+    mk_w[i] = mk_w[i] | RANGE(rf, rl);   /* the batch range merged into `written` */
+#endif
+    mk_ep[i] = ep
+  :: else -> skip   /* nothing to send: no transaction */
+  fi;
+  hm = 0; hg = 0
+}
+#else
+/* a window row's position: (generation, batch id); without HEAL the batch is named by its end offset,
+ * which orders an instance's batches as their ids do */
+inline say_pos(g, b) {
+#ifdef HEAL
+  printf("(generation %d, batch #%d)", g, b)
+#else
+  printf("(generation %d, batch to %d)", g, b)
+#endif
+}
+
+/* One PostgreSQL transaction of the task holding the window row (PostgresUpsertSink): the fence row
+ * FOR SHARE (this exact epoch, not fenced), then the upsert whose position (generation, batch id)
+ * must be newer than the stored one. A batch with no range writes nothing (state_ranges). */
+inline pg_task() {
+  if
+  :: mk_fen[i] || mk_ep[i] != ep ->
+    printf("@@ "); say(i); printf(" e%d's task is refused by the fence row (fenced %d, epoch %d): a zombie\n",
+           ep, mk_fen[i], mk_ep[i]);
+    goto gone
+  :: else -> skip
+  fi;
+  if
+  :: rf < rl ->
+    /* relay.stateful.generation: the highest id among the instance's leases (read by the driver
+     * after prepare_tasks, before the tasks: here, right before the task) */
+    hm = 0;
+    for (hl : 0 .. NL - 1) {
+      if :: l_valid[hl] && l_inst[hl] == i && l_id[hl] > hm -> hm = l_id[hl] :: else -> skip fi
+    }
+    hl = 0;
+    hg = e - STATE_W;   /* the state holds every record of [W, e): the window's count */
+    if
+    :: hm > wg || (hm == wg && BATCH_ID > wb) ->
+      printf("@@ "); say(i); printf(" e%d's task writes the window: %d (state from %d to %d) at ", ep, hg, STATE_W, e);
+      say_pos(hm, BATCH_ID); printf(" over %d at ", wv); say_pos(wg, wb); printf("\n");
+      wv = hg; wg = hm; wb = BATCH_ID;
+      if
+      :: wv + earliest < e ->
+        printf("@@ VIOLATION window_complete: the window holds %d records below %d that Kafka has, the newest writer wrote %d\n",
+               e - earliest, e, wv);
+        window_complete = 0
+      :: else -> skip
+      fi
+    :: else ->
+      printf("@@ "); say(i); printf(" e%d's task: its window value %d at ", ep, hg); say_pos(hm, BATCH_ID);
+      printf(" loses to the stored %d at ", wv); say_pos(wg, wb); printf(": unchanged\n")
+    fi;
+    hg = 0; hm = 0
+  :: else -> skip
+  fi
+}
+#endif
+
 /* ------------------------------------------------------------------ an attempt (one driver process) */
 #define CRASH_SAY printf("@@ "); say(i); printf(" e%d crashes\n", ep)
+#ifdef STATEFUL
+#define WCAP(k) (s >= ws || s + k <= ws)   /* D3: no batch spans S */
+#else
+#define WCAP(k) true
+#endif
 proctype Attempt(byte i) {
   byte ep;              /* this attempt's epoch */
   byte s;               /* the batch being run: [s, e) */
@@ -460,17 +736,38 @@ proctype Attempt(byte i) {
   byte t;
   byte t3;
   bit ok;
+  bit rp;               /* the attempt replays the checkpoint's in-flight batch */
   bit rv;               /* the instance's leases as the commit transaction read them: row i ... */
   byte rc;
   byte re;
   bit rv3;              /* ... and, for blue, its continuation (row BCONT) */
   byte rc3;
   byte re3;
+  byte rf;              /* the task range [rf, rl) prepare_tasks computed (rf == rl: nothing to apply) */
+  byte rl;
+  byte pr;              /* the predecessors of the leases the batch writes, not yet taken over */
+  byte tk;              /* the predecessors this driver took over (take_over_once's `done`) */
+  byte rw;              /* the rows a task holds (source offsets of the partition) */
+#ifdef RETRY
+  bit rt;               /* Spark retried the task of this batch (once) */
+#endif
+#ifdef SPLIT
+  byte m;               /* the rows of the first of the two tasks (a shuffle split the partition) */
+  bit t1;               /* the first task committed a transaction */
+#endif
+#ifdef STATEFUL
+  byte ws = OPEN;       /* D3: S, the lowest cursor at an empty start: no batch spans it */
+#ifdef HEAL
+  byte bn;              /* the batch id */
+  byte aw;              /* W: where the state of this attempt's checkpoint starts */
+#endif
+#endif
 
   /* Ledger.start_attempt: lock the instance row, refuse a non-live instance, take a new epoch.
    * Then the driver opens the checkpoint: an in-flight batch (offsets/N without commits/N) runs
    * again; an empty checkpoint starts at the lowest cursor of the instance's undrained leases
-   * (driver_checks.starting_offsets), or at Kafka's earliest offset when it has none (a standby). */
+   * (driver_checks.starting_offsets), or at Kafka's earliest offset when it has none (a standby);
+   * stateful (D3): at W, its state rebuilt by the warm-up replay. */
   atomic {
     lockh[i] == 0 ->
     if
@@ -478,44 +775,75 @@ proctype Attempt(byte i) {
     :: else -> goto gone
     fi;
     printf("@@ "); say(i); printf(" attempt e%d starts\n", ep);
+#ifdef HEAL
+    if
+    :: i == BLUE && !healed && ck[i] != CK_EMPTY ->
+      healed = 1; ck[i] = CK_EMPTY; ck_s[i] = 0; ck_e[i] = 0;
+#ifdef STATEFUL
+      ck_n[i] = 0;
+#endif
+      printf("@@ blue e%d finds its checkpoint lost (empty): the heal relaunched the same instance\n", ep)
+    :: true -> skip
+    fi;
+#endif
     if
     :: ck[i] == CK_PLANNED ->
-      s = ck_s[i]; e = ck_e[i];
-      printf("@@ "); say(i); printf(" e%d replays the in-flight batch [%d,%d)\n", ep, s, e);
-      goto batch
+      s = ck_s[i]; e = ck_e[i]; rp = 1;
+#if defined(STATEFUL) && defined(HEAL)
+      bn = ck_n[i];
+#endif
+      printf("@@ "); say(i); printf(" e%d replays the in-flight batch [%d,%d)\n", ep, s, e)
     :: ck[i] == CK_DONE -> pos = ck_e[i]
 #ifdef STATEFUL
     :: ck[i] == CK_EMPTY && SHADOW(i) ->
-      /* pipeline_driver._starting_offsets: a stateful standby starts warm_up_s back, at W (any
-       * offset Kafka still has: below or past blue's cursor). W is chosen once: every attempt that
-       * opens green's empty checkpoint starts there. (A later attempt would find a later W, which
-       * is the same as having chosen that one as long as nothing was read; with attempts running
-       * at once on an empty checkpoint, Spark refuses the second writer of offsets/0, while this
-       * model's checkpoint takes the last writer's batch.) */
-      if
-      :: warm == OPEN ->
-        warm = earliest;
-        do
-        :: warm < N - 1 -> warm++
-        :: break
-        od
-      :: else -> skip
-      fi;
-      pos = warm;
+      /* pipeline_driver._starting_offsets: a stateful standby starts warm_up_s back, at W (here
+       * Kafka's earliest offset: one window holds every offset) */
+      pos = earliest; ck_w[i] = pos;
       printf("@@ green e%d warms up from W=%d (shadow reading)\n", ep, pos)
-    :: ck[i] == CK_EMPTY && !SHADOW(i) ->
-#else
-    :: ck[i] == CK_EMPTY ->
 #endif
+    :: ck[i] == CK_EMPTY && !SHADOW(i) ->
       pos = OPEN;
-      if :: l_valid[i] && l_cur[i] < l_end[i] -> pos = l_cur[i] :: else -> skip fi;
-      if
-      :: i == BLUE && l_valid[BCONT] && l_cur[BCONT] < l_end[BCONT] && l_cur[BCONT] < pos -> pos = l_cur[BCONT]
-      :: else -> skip
-      fi;
-      if :: pos == OPEN -> pos = earliest :: else -> skip fi
-    fi
+      for (hl : 0 .. NL - 1) {
+        if
+        :: l_valid[hl] && l_inst[hl] == i && l_cur[hl] < l_end[hl] && l_cur[hl] < pos -> pos = l_cur[hl]
+        :: else -> skip
+        fi
+      }
+      hl = 0;
+      if :: pos == OPEN -> pos = earliest :: else -> skip fi;
+#ifdef STATEFUL
+#ifdef STATEFUL_NO_WARM_UP
+      ck_w[i] = pos;
+      printf("@@ "); say(i); printf(" e%d starts at %d with an EMPTY state (no warm-up)\n", ep, pos)
+#else
+      /* D3: W = the warm-up start (never below Kafka's earliest, never above S); read [W, S) with
+       * writes suppressed (outside the leases: empty task ranges); no batch spans S */
+      ws = pos;
+      ck_w[i] = (earliest < pos -> earliest : pos);
+      pos = ck_w[i];
+      printf("@@ "); say(i); printf(" e%d warms up from W=%d up to S=%d (writes suppressed below S)\n", ep, pos, ws)
+#endif
+#endif
+    fi;
+#if defined(STATEFUL) && defined(HEAL)
+    aw = ck_w[i];
+#endif
   }
+  /* sink.fence_epoch before the first batch: the sink's epoch of the instance becomes this one
+   * (refused: the sink knows a newer epoch, or the instance is fenced: a zombie) */
+  if
+  :: atomic {
+      if
+      :: mk_fen[i] || mk_ep[i] > ep ->
+        printf("@@ "); say(i); printf(" e%d: fence_epoch refused by the sink (fenced %d, epoch %d): a zombie\n",
+               ep, mk_fen[i], mk_ep[i]);
+        goto gone
+      :: else -> mk_ep[i] = ep
+      fi;
+      if :: rp -> rp = 0; goto batch :: else -> skip fi
+    }
+  CRASH(gone)
+  fi;
 
 plan:
   /* The source plans the next batch: nothing while the guard holds (a standby without a lease) or
@@ -546,9 +874,9 @@ end_idle:
 #endif
     if
     :: e = s + 1
-    :: s + 2 <= cap[i] -> e = s + 2
+    :: s + 2 <= cap[i] && WCAP(2) -> e = s + 2
 #if MAXB >= 3
-    :: s + 3 <= cap[i] -> e = s + 3
+    :: s + 3 <= cap[i] && WCAP(3) -> e = s + 3
 #endif
     fi;
 #ifdef PLAN_RECORD_AFTER
@@ -562,6 +890,10 @@ end_idle:
     :: SHADOW(i) && e > planned_g -> planned_g = e   /* green's own row, under green's row lock */
     :: else -> skip
     fi;
+#if defined(STATEFUL) && defined(HEAL)
+    bn = (ck[i] == CK_EMPTY -> 0 : ck_n[i] + 1);
+    ck_n[i] = bn;
+#endif
     ck[i] = CK_PLANNED; ck_s[i] = s; ck_e[i] = e;
 #ifdef HANDOFF_LATEST
     if :: e > latest -> latest = e :: else -> skip fi;
@@ -574,16 +906,12 @@ end_idle:
   }
 
 batch:
-  /* The commit transaction, part 1: read the records (failOnDataLoss), lock the instance row,
-   * refuse a zombie (stale epoch or non-live instance), read the instance's leases. */
   if
 #ifdef STATEFUL
   /* ... unless green is still a standby (driver_runtime._batch reads its state, without a lock, once
    * per batch until it has left STANDBY/READY): pipeline_driver.shadow_batch runs the tasks with no
    * range to apply (the records go into green's state, nothing is written), marks green READY
-   * (STANDBY -> READY only) and commits nothing in the ledger; Spark then writes commits/N. (The
-   * read of the state and the tasks are one step here: reading a state the handoff is about to
-   * change commutes with the handoff's first step, and after its commit green is no standby.) */
+   * (STANDBY -> READY only) and commits nothing in the ledger; Spark then writes commits/N. */
   :: atomic {
       SHADOW(i) ->
       if
@@ -600,16 +928,201 @@ batch:
     }
     goto written
 #endif
+  /* protocol.prepare_tasks: ONE ledger transaction: lock the row and refuse a zombie (stale epoch or
+   * non-live instance); per lease, the span from its cursor to the planned end capped at the lease's
+   * end; the task range is their union, which must be one range (_task_ranges: SourceGapError
+   * otherwise); the predecessors of each lease the batch writes whose cursor is at its start
+   * (relay.predecessors: the non-live instances whose lease ends where it starts). */
   :: atomic {
       lockh[i] == 0 && !SHADOW(i) ->
       if
-      :: s < earliest ->
-        /* DataLossError: the driver marks the instance FAILED (an UPDATE of its row) and ends */
-        ist[i] = FAILED;
-        printf("@@ "); say(i); printf(" e%d: offset %d was deleted by retention: instance FAILED\n", ep, s);
+      :: !FENCE_OK(i) || !EPOCH_OK(i, ep) ->
+        printf("@@ "); say(i); printf(" e%d is a zombie (refused by prepare_tasks)\n", ep);
         goto gone
       :: else -> skip
       fi;
+      rf = OPEN; rl = 0; hm = 0; pr = 0;
+      for (hl : 0 .. NL - 1) {
+        if
+        :: l_valid[hl] && l_inst[hl] == i ->
+          hg = (e < l_end[hl] -> e : l_end[hl]);
+          if
+          :: hg > l_cur[hl] ->
+            if :: l_cur[hl] < rf -> rf = l_cur[hl] :: else -> skip fi;
+            if :: hg > rl -> rl = hg :: else -> skip fi;
+            hm = hm + hg - l_cur[hl];
+            if
+            :: l_cur[hl] == l_start[hl] ->
+              for (hx : 0 .. NL - 1) {
+                if
+                :: l_valid[hx] && l_inst[hx] != i && PRED_END(hx, hl) && !LIVE(l_inst[hx]) ->
+                  pr = pr | (1 << l_inst[hx])
+                :: else -> skip
+                fi
+              }
+            :: else -> skip
+            fi
+          :: else -> skip
+          fi
+        :: else -> skip
+        fi
+      }
+      hl = 0; hx = 0; hg = 0;
+      if :: rf == OPEN -> rf = 0 :: else -> skip fi;
+      if
+      :: rl - rf != hm ->
+#if WATCH7
+        printf("@@ VIOLATION one_task_range: "); say(i);
+        printf(" e%d's batch [%d,%d) may apply offsets that are not one range within [%d,%d)\n", ep, s, e, rf, rl);
+        one_task_range = 0;
+        CHECK7;
+#endif
+        printf("@@ "); say(i); printf(" e%d: SourceGapError (not one task range): the attempt ends\n", ep);
+        goto gone
+      :: else -> skip
+      fi;
+      hm = 0;
+      pr = pr & ~tk;
+      printf("@@ "); say(i); printf(" e%d prepares batch [%d,%d): task range [%d,%d)", ep, s, e, rf, rl);
+      for (hx : 0 .. NI - 1) {
+        if :: HAS(pr, hx) -> printf(", predecessor "); say(hx) :: else -> skip fi
+      }
+      hx = 0;
+      printf("\n")
+    }
+  CRASH(gone)
+  fi;
+
+  /* _take_over (take_over_once): before its tasks write, the driver fences each predecessor for good
+   * in the sink (kafka_fencing.fence: its zombie tasks can commit nothing more) and merges its final
+   * written offsets into its own marker (D1; PostgreSQL: the fence only, newest wins does the rest). */
+  if
+  :: pr != 0 ->
+    if
+    :: atomic {
+#ifndef STATEFUL
+        if
+        :: mk_fen[i] || mk_ep[i] > ep ->
+          printf("@@ "); say(i); printf(" e%d may not take over (fenced, or a newer epoch in the sink): a zombie\n", ep);
+          goto gone
+        :: else -> skip
+        fi;
+#endif
+        for (hx : 0 .. NI - 1) {
+          if
+          :: HAS(pr, hx) ->
+#ifdef NO_TAKE_OVER
+            printf("@@ "); say(i); printf(" e%d does NOT take over from ", ep); say(hx); printf("\n")
+#else
+            mk_fen[hx] = 1;
+            printf("@@ "); say(i); printf(" e%d takes over from ", ep); say(hx); printf(": fenced in the sink");
+#ifndef STATEFUL
+            printf(", its marker "); say_marker(mk_w[hx]);
+#ifdef OLD_MARKER
+            hg = 0;
+            for (o : 0 .. N - 1) { if :: HAS(mk_w[hx] | mk_w[i], o) -> hg = o + 1 :: else -> skip fi }
+            o = 0;
+            mk_w[i] = BELOW(hg); hg = 0;
+            printf(" raises its own to ")
+#else
+            mk_w[i] = mk_w[i] | mk_w[hx];
+            printf(" merged into its own: ")
+#endif
+            say_marker(mk_w[i]);
+#endif
+            printf("\n")
+#endif
+          :: else -> skip
+          fi
+        }
+        hx = 0;
+        tk = tk | pr; pr = 0
+      }
+    CRASH(gone)
+    fi
+  :: else -> skip
+  fi;
+
+  /* The tasks (mapInArrow(partition_writer)): each reads its records (failOnDataLoss: a batch whose
+   * start retention deleted fails, and the driver marks the instance FAILED, an UPDATE of its row)
+   * and writes its rows through the sink in ONE sink transaction. D1: the driver regroups the
+   * transformed rows by source partition, so one task holds every row of the range; Spark may run it
+   * again (a retry, a speculative copy: the same rows). */
+task:
+  if
+  :: atomic {
+      s < earliest && lockh[i] == 0 ->
+      ist[i] = FAILED;
+      printf("@@ "); say(i); printf(" e%d: offset %d was deleted by retention: instance FAILED\n", ep, s);
+      goto gone
+    }
+  :: atomic {
+      s >= earliest ->
+#ifdef STATEFUL
+      pg_task();
+#elif defined(SPLIT)
+      /* a shuffle: the range's rows are split over two tasks; the first holds the rows m */
+      if
+      :: rf < rl ->
+        m = 0;
+        rw = (s > rf -> s : rf);
+        for (o : rw .. rl - 1) {
+          if
+          :: m = m | (1 << o)
+          :: skip
+          fi
+        }
+        o = 0; rw = m;
+        kafka_task(rw);
+        rw = 0;
+        t1 = 1
+      :: else -> skip
+      fi;
+#else
+      if
+      :: rf < rl ->
+        rw = (s > rf -> s : rf); rw = RANGE(rw, rl);
+        kafka_task(rw);
+        rw = 0
+      :: else -> skip
+      fi;
+#endif
+      check_all()
+    }
+  CRASH(gone)
+  fi;
+#ifdef SPLIT
+  /* the second task: the other rows of the range */
+  if
+  :: atomic {
+      rf < rl ->
+      rw = (s > rf -> s : rf); hm = RANGE(rw, rl) & ~m; rw = 0;
+      if
+      :: hm == 0 -> skip   /* it holds no row of this partition: no group, no transaction */
+#ifdef SKIP_BELOW_MARKER
+      /* the old plan_group: a committed marker of the same epoch and batch covering the range,
+       * other rows: "rows reached more than one task" (SinkError): the attempt fails */
+      :: hm != 0 && t1 && mk_rep[i] == ep && m != 0 ->
+        printf("@@ "); say(i); printf(" e%d's second task (rows ", ep); say_set(hm);
+        printf(") is refused: rows of the partition reached more than one task (SinkError); the attempt fails\n");
+        hm = 0;
+        goto gone
+#endif
+      :: else -> rw = hm; hm = 0; kafka_task(rw); rw = 0
+      fi;
+      hm = 0;
+      check_all()
+    }
+  :: atomic { rf == rl -> skip }
+  CRASH(gone)
+  fi;
+#endif
+
+  /* The commit transaction (commit_cursors), part 1: lock the instance row, refuse a zombie (stale
+   * epoch or non-live instance), read the instance's leases. */
+  if
+  :: atomic {
+      lockh[i] == 0 ->
       lockh[i] = _pid + 1;
       if
       :: !FENCE_OK(i) || !EPOCH_OK(i, ep) ->
@@ -630,15 +1143,22 @@ batch:
       printf("\n");
 #ifndef ATOMIC_COMMIT
     }
-  CRASH(gone)   /* crash after offsets/N: the next attempt replays the batch */
+#ifdef RETRY
+  :: atomic {
+      !rt && rf < rl -> rt = 1;
+      printf("@@ "); say(i); printf(" e%d: Spark runs the task again (a retry after its commit)\n", ep);
+      goto task
+    }
+#endif
+  CRASH(gone)   /* crash after the tasks: the next attempt replays the batch */
   fi;
   if
   :: atomic {
 #endif
-      /* Part 2 (protocol._planned_moves, _owner): for each lease the batch moves (its planned end,
-       * capped at the lease's end, is past the cursor), refuse a batch that starts past the cursor
-       * and compare-and-set the cursor; keep the records inside a lease and at or after its cursor,
-       * write them; record the batch, commit. */
+      /* Part 2 (protocol._planned_moves): for each lease the batch moves (its planned end, capped at
+       * the lease's end, is past the cursor), refuse a batch that starts past the cursor and
+       * compare-and-set the cursor; record the batch, commit. The offsets the cursors move over
+       * are applied in the ledger: their output must be in the sink already. */
       ok = 1;
       t = (e < re -> e : re);
       t3 = (e < re3 -> e : re3);
@@ -674,16 +1194,6 @@ batch:
         fi
       :: else -> skip
       fi;
-#if WATCH7
-      /* an executor-side sink's tasks get ONE range per partition (protocol._task_ranges) */
-      if
-      :: rv && t > rc && rv3 && t3 > rc3 && rc3 > t ->
-        printf("@@ VIOLATION one_task_range: "); say(i);
-        printf(" e%d's batch [%d,%d) applies [%d,%d) and [%d,%d)\n", ep, s, e, rc, t, rc3, t3);
-        one_task_range = 0
-      :: else -> skip
-      fi;
-#endif
       if
       :: ok ->
         if
@@ -722,6 +1232,20 @@ batch:
           printf("@@   cursor of [%d,...): %d -> %d\n", l_start[BCONT], rc3, t3)
         :: else -> skip
         fi;
+#ifdef STATEFUL
+        /* the window row must now count every record below the new cursor that Kafka holds */
+        hg = 0;
+        if :: rv && t > rc -> hg = t :: else -> skip fi;
+        if :: rv3 && t3 > rc3 && t3 > hg -> hg = t3 :: else -> skip fi;
+        if
+        :: hg > 0 && wv + earliest < hg ->
+          printf("@@ VIOLATION window_current: the cursor is at %d but the window row holds %d (at ", hg, wv);
+          say_pos(wg, wb); printf("), not the %d records below it\n", hg - earliest);
+          window_current = 0
+        :: else -> skip
+        fi;
+        hg = 0;
+#endif
         if :: ist[i] == STARTING -> ist[i] = ACTIVE :: else -> skip fi;
         recompute_caps();
         check_all()
@@ -735,14 +1259,20 @@ batch:
       fi
     }
   CRASH(gone)   /* crash inside the transaction, holding the row lock: rolled back, the lock
-                 * released (with ATOMIC_COMMIT: crash after offsets/N) */
+                 * released (with ATOMIC_COMMIT: crash after the tasks) */
   fi;
 
   /* Spark writes commits/N */
 written:
   if
   :: atomic {
-      ck[i] = CK_DONE; ck_s[i] = 0; ck_e[i] = e; pos = e; s = 0; e = 0;
+      ck[i] = CK_DONE; ck_s[i] = 0; ck_e[i] = e; pos = e; s = 0; e = 0; rf = 0; rl = 0;
+#ifdef RETRY
+      rt = 0;
+#endif
+#ifdef SPLIT
+      m = 0; t1 = 0;
+#endif
       check_stranded(); CHECK6
     }
   CRASH(gone)   /* crash before commits/N: the next attempt replays the batch (a no-op) */
@@ -753,8 +1283,21 @@ gone:
   /* the process is gone; the database rolls back its open transaction and releases its lock */
   atomic {
     if :: lockh[i] == _pid + 1 -> lockh[i] = 0 :: else -> skip fi;
-    ep = 0; s = 0; e = 0; pos = 0; o = 0; t = 0; t3 = 0; ok = 0; rv = 0; rc = 0; re = 0;
-    rv3 = 0; rc3 = 0; re3 = 0
+    ep = 0; s = 0; e = 0; pos = 0; o = 0; t = 0; t3 = 0; ok = 0; rp = 0; rv = 0; rc = 0; re = 0;
+    rv3 = 0; rc3 = 0; re3 = 0; rf = 0; rl = 0; pr = 0; tk = 0; rw = 0;
+#ifdef RETRY
+    rt = 0;
+#endif
+#ifdef SPLIT
+    m = 0; t1 = 0;
+#endif
+#ifdef STATEFUL
+    ws = 0;
+#ifdef HEAL
+    bn = 0; aw = 0;
+#endif
+#endif
+    skip
   }
 }
 
@@ -780,7 +1323,8 @@ end_ret:
 #undef CRASH_SAY
 #define CRASH_SAY printf("@@ the recovery process crashes\n")
 /* plan_recovery for one partition: the one unfinished lease, its cursor, and the target: strategy
- * earliest (max(cursor, earliest)) or a skip to any later offset (latest, timestamp, offsets). */
+ * earliest (max(cursor, earliest)) or a skip to any later offset (latest, timestamp, offsets);
+ * REC_AT_CURSOR: strategy earliest only (without retention: a stop + deploy at the cursor). */
 inline PLAN_RECOVERY() {
   if
   :: atomic {
@@ -793,10 +1337,12 @@ inline PLAN_RECOVERY() {
       }
       hl = 0;
       t = (c > earliest -> c : earliest);
+#ifndef REC_AT_CURSOR
       do
       :: t < N -> t++
       :: break
       od;
+#endif
       printf("@@ recovery plan: cursor %d, target %d\n", c, t)
     }
   CRASH(rec_end)   /* crash */
@@ -1003,18 +1549,26 @@ abort:
     }
   CRASH(up_end)   /* crash */
   fi;
-  /* ... delete it if untouched, else close it at its cursor X (green keeps [H, X)); blue's lease
-   * closed at H: reopen it, or (green applied [H, X)) open a new one [X, ...) for blue; blue
-   * DRAINING -> ACTIVE; commit. Stateful: where green applied nothing blue gets a NEW lease [H, ...)
-   * (a higher id: its writer generation beats green's, whose tasks may have written rows), and
-   * green's unapplied lease is deleted last (SQLite would give the new lease its id again). */
+  /* ... and (D2) close it where it is: at its cursor X (green keeps [H, X)), or at H when green
+   * applied nothing ([H, H), never deleted: green's tasks may have written [H, ...) in the sink, and
+   * green must stay the predecessor of whoever continues from its end); blue's lease stays closed at
+   * H (blue drains [cursor, H)) and blue gets a NEW lease from green's end: [X, ...) or [H, ...)
+   * (a higher id, so blue's writer generation beats green's too); blue DRAINING -> ACTIVE; commit. */
   if
   :: atomic {
       if
-#if defined(STATEFUL) && !defined(DELETE_BEFORE_OPEN)
-      :: l_valid[1] && !touched -> skip   /* closed at its start (empty); deleted below */
+      :: l_valid[1] && !touched ->
+#if defined(ABORT_DELETES_GREEN) || defined(DELETE_BEFORE_OPEN)
+        l_valid[1] = 0   /* deleted (the code before DESIGN-29 D2) */
 #else
-      :: l_valid[1] && !touched -> l_valid[1] = 0
+        /* close_lease at its start: compare-and-set on the cursor read (untouched) */
+        if
+        :: l_cur[1] != l_start[1] || l_end[1] != OPEN ->
+          printf("@@ abort: green's cursor moved from %d: CAS lost, rolled back\n", l_start[1]);
+          goto up_end
+        :: else -> skip
+        fi;
+        l_end[1] = l_start[1]   /* [H, H) */
 #endif
       :: l_valid[1] && touched ->
         /* close_lease: compare-and-set on the cursor read */
@@ -1029,38 +1583,39 @@ abort:
       fi;
       if
       :: l_valid[0] && l_end[0] == H && H != OPEN ->
-#ifdef ABORT_REOPENS
-        l_end[0] = OPEN
-#else
         if
+#ifdef ABORT_REOPENS
+        :: touched -> l_end[0] = OPEN
+#else
         :: touched ->
           NEW_ID(BCONT);
           l_valid[BCONT] = 1; l_inst[BCONT] = BLUE; l_start[BCONT] = X; l_end[BCONT] = OPEN; l_cur[BCONT] = X
-#if defined(STATEFUL) && !defined(STATEFUL_REOPENS)
-        :: else ->
+#endif
+#if defined(ABORT_DELETES_GREEN) || defined(STATEFUL_REOPENS)
+        :: !touched -> l_end[0] = OPEN
+#else
+        :: !touched ->
           NEW_ID(BCONT);
           l_valid[BCONT] = 1; l_inst[BCONT] = BLUE; l_start[BCONT] = H; l_end[BCONT] = OPEN; l_cur[BCONT] = H
-#else
-        :: else -> l_end[0] = OPEN
 #endif
         fi
-#endif
       :: else -> skip
       fi;
-#if defined(STATEFUL) && !defined(DELETE_BEFORE_OPEN)
-      if :: l_valid[1] && !touched -> l_valid[1] = 0 :: else -> skip fi;   /* deleted last */
-#endif
       if :: ist[BLUE] == DRAINING -> ist[BLUE] = ACTIVE :: else -> skip fi;
       if :: ghostH != OPEN -> ghostX = (touched -> X : ghostH) :: else -> skip fi;
       op = OP_NONE;
       if
       :: H == OPEN -> printf("@@ abort commits before the handoff: blue untouched\n")
-#if defined(STATEFUL) && !defined(STATEFUL_REOPENS)
+#if defined(ABORT_DELETES_GREEN) || defined(STATEFUL_REOPENS)
       :: H != OPEN && !touched ->
-        printf("@@ abort commits: green's lease deleted, blue's lease stays closed at %d (cursor %d), blue opens [%d,...)\n",
-               H, l_cur[0], H)
+        printf("@@ abort commits: green applied nothing, its lease ");
+        if :: l_valid[1] -> printf("closed at %d", H) :: else -> printf("DELETED") fi;
+        printf("; blue's lease REOPENED at its cursor %d\n", l_cur[0])
 #else
-      :: H != OPEN && !touched -> printf("@@ abort commits: green's lease deleted, blue's lease reopened\n")
+      :: H != OPEN && !touched ->
+        printf("@@ abort commits: green applied nothing, its lease ");
+        if :: l_valid[1] -> printf("closed at %d", H) :: else -> printf("DELETED") fi;
+        printf("; blue's lease stays closed at %d (cursor %d), blue opens [%d,...)\n", H, l_cur[0], H)
 #endif
       :: H != OPEN && touched ->
 #ifdef ABORT_REOPENS
@@ -1155,6 +1710,7 @@ end_wait:
       :: else -> skip
       fi;
       l_end[sel] = l_cur[sel];
+      rec_skip = (t > c);
       for (ho : c .. N - 1) {
         if :: ho < t -> record_gap(ho) :: else -> skip fi
       }
@@ -1199,7 +1755,16 @@ proctype Quiescence() {
                ho, applied[ho], gap[ho]);
         no_skip_without_gap = 0
       :: else -> skip
+      fi;
+#ifndef STATEFUL
+      /* ... and its output is in the sink (exactly once: twice is invariant 11's) */
+      if
+      :: ho < frontier && applied[ho] == 1 && !gap[ho] && cnt[ho] == 0 ->
+        printf("@@ VIOLATION sink_holds_applied at quiescence: offset %d is applied, no output in the sink\n", ho);
+        sink_holds_applied = 0
+      :: else -> skip
       fi
+#endif
     }
     ho = 0;
     printf("@@ quiescent: frontier %d\n", frontier);
