@@ -46,10 +46,11 @@
  *                        taker's end to its predecessor's, over the taker's own undrained range
  *   NO_TAKE_OVER         mutant: the driver neither fences its predecessors in the sink nor merges
  *                        their written offsets before its tasks write their range
- *   PRED_AT_OR_BELOW     the predecessor rule proposed by the finding RECOVERY_SKIP_DUP: the non-live
- *                        instances whose lease ends AT OR BELOW this lease's start (code: AT it)
- *   KNOWN_SKIP_DUP       do not flag the known defect RECOVERY_SKIP_DUP (a duplicate at or past the
- *                        target of a recovery that skipped past the cursor); narrate it
+ *   PRED_END_ONLY        mutant (the finding RECOVERY_SKIP_DUP, fixed): a predecessor's lease must end
+ *                        exactly where this one starts, not at the start of a chain of gaps leading to
+ *                        it: a recovery past the cursor leaves the new lease without predecessor
+ *   KNOWN_SKIP_DUP       do not flag a duplicate at or past the target of a recovery that skipped
+ *                        past the cursor (narrate it): only for PRED_END_ONLY's history
  *   RETRY                Spark may run a task again after it committed (a retry, or a speculative
  *                        copy: the same rows, the same epoch and batch)
  *   STATEFUL             a stateful pipeline (relay.stateful): green's standby attempts read in shadow
@@ -63,8 +64,8 @@
  *                        an empty checkpoint with an empty state at its lowest cursor
  *   HEAL                 one attempt of blue finds its checkpoint lost (empty) and starts afresh: a heal
  *                        that finds an empty checkpoint (same instance, same generation)
- *   POS_EPOCH            (with HEAL) the fix proposed by the finding HEAL_SAME_GENERATION: a window row's
- *                        position is (generation, epoch, batch id), not (generation, batch id)
+ *   POS_NO_EPOCH         mutant (with HEAL; the finding HEAL_SAME_GENERATION, fixed): a window row's
+ *                        position is (generation, batch id), not (generation, epoch, batch id)
  *   NO_GREEN_PLANNED     mutant (STATEFUL): the handoff ignores green's planned end
  *   SHADOW_FLOOR         mutant (STATEFUL): the lease floor still cuts a stateful green's read
  *   STATEFUL_REOPENS     mutant (STATEFUL): an abort after a handoff in which green applied nothing
@@ -184,12 +185,20 @@
 #define FENCE_OK(x) LIVE(x)
 #endif
 
-/* predecessors.lease_predecessors: another instance's lease that ENDS where this one starts (D2);
- * the proposed rule of RECOVERY_SKIP_DUP: that ends at or below it */
-#ifdef PRED_AT_OR_BELOW
-#define PRED_END(q, r) (l_end[q] != OPEN && l_end[q] <= l_start[r])
+/* predecessors.lease_predecessors: another instance's lease that ENDS where this one starts (D2), or
+ * where a chain of gaps leading to its start begins (a recovery past the cursor closes the old lease
+ * at c, declares [c, t) lost and opens the new one at t: the fix of the finding RECOVERY_SKIP_DUP).
+ * Every offset of [end, start) a gap; N is at most 4. PRED_END_ONLY: the rule before that fix. */
+#define GAP_AT(k, a, b) (k < a || k >= b || gap[k])
+#if N > 3
+#define GAPS_COVER(a, b) (GAP_AT(0, a, b) && GAP_AT(1, a, b) && GAP_AT(2, a, b) && GAP_AT(3, a, b))
 #else
+#define GAPS_COVER(a, b) (GAP_AT(0, a, b) && GAP_AT(1, a, b) && GAP_AT(2, a, b))
+#endif
+#ifdef PRED_END_ONLY
 #define PRED_END(q, r) (l_end[q] == l_start[r])
+#else
+#define PRED_END(q, r) (l_end[q] != OPEN && l_end[q] <= l_start[r] && GAPS_COVER(l_end[q], l_start[r]))
 #endif
 
 /* ------------------------------------------------------------------ the ledger (shared state) */
@@ -230,10 +239,10 @@ byte wb;                /* ... and batch id (newest wins: (generation, batch id)
 byte ck_w[NI];          /* where the checkpoint's state starts (W): it holds every record of [W, position) */
 #ifdef HEAL
 byte ck_n[NI];          /* the checkpoint's batch id (offsets/N: the in-flight or the last batch) */
-#ifdef POS_EPOCH
-#define BATCH_ID (ep * 8 + bn)   /* the fix proposed by HEAL_SAME_GENERATION: (generation, epoch, batch) */
-#else
+#ifdef POS_NO_EPOCH
 #define BATCH_ID bn     /* a heal empties the checkpoint: batch ids start again at 0 */
+#else
+#define BATCH_ID (ep * 8 + bn)   /* stateful.state_position: (generation, epoch, batch id) */
 #endif
 #define STATE_W aw      /* ... and so does the state: an attempt keeps the W of its checkpoint */
 #else

@@ -63,6 +63,7 @@ from relay.stateful import (  # noqa: E402
     caught_up,
     check_stateful_sink,
     generation,
+    state_position,
     state_ranges,
     warm_up_before,
     warm_up_offsets,
@@ -278,7 +279,8 @@ class PipelineDriver(DriverRuntime):
         t1 = time.perf_counter()
         if p.stateful:  # aggregated rows: the writer's position, not the records' (relay.stateful)
             gen = generation(lease.id for lease in self.ledger.leases(self.instance.id))
-            out, ranges = with_state_position(df, gen, batch_id), state_ranges(ranges, gen, batch_id)
+            pos = state_position(attempt.epoch, batch_id)
+            out, ranges = with_state_position(df, gen, pos), state_ranges(ranges, gen, pos)
         else:
             out = p.transform(df)
         if isinstance(self.sink, ForEachBatch):

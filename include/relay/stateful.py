@@ -14,12 +14,15 @@ without help its first windows would be counted from the handoff on only. Relay'
    transaction: green has read nothing at or past H, so every record from H on is in a batch green
    writes, and every record below H in one blue writes.
 3. **Newer writer wins, by group key.** Output rows carry no single source record, so the sink's
-   source position is the WRITER's: ``(relay-state, generation, batch id)`` where the generation is
-   the highest lease id of the writing instance (:func:`generation`). Lease ids only grow and every
-   takeover opens leases, so green (leases opened at the handoff) beats blue's drain, a rollback's
-   instance beats both, and blue after an aborted upgrade (Relay opens it a new lease) beats green.
-   Within one writer a later batch wins, and a replayed batch writes the same values again (the
-   state is restored from the checkpoint): a no-op. ``PostgresUpsertSink`` keeps exactly this rule.
+   source position is the WRITER's: ``(relay-state, generation, epoch * 2**32 + batch id)`` where
+   the generation is the highest lease id of the writing instance (:func:`generation`). Lease ids
+   only grow and every takeover opens leases, so green (leases opened at the handoff) beats blue's
+   drain, a rollback's instance beats both, and blue after an aborted upgrade (Relay opens it a new
+   lease) beats green. Within one writer a later attempt (a newer epoch) wins, then a later batch;
+   a replayed batch writes the same values again (the state is restored from the checkpoint). The
+   epoch matters when a relaunch finds its checkpoint empty: its batch ids start at 0 again under
+   the same generation, and its whole, warmed-up values must still beat its own older rows (the
+   model's finding HEAL_SAME_GENERATION, issue #29). ``PostgresUpsertSink`` keeps exactly this rule.
 
 4. **Every new writer warms up, not only an upgrade's green** (issue #29). A stateful instance whose
    query starts on an empty checkpoint (a deploy after a stop, a recovery, a relaunch that lost its
@@ -55,22 +58,27 @@ def generation(lease_ids: Iterable[int]) -> int:
     return max(lease_ids, default=0)
 
 
-def state_ranges(source_ranges: Ranges, gen: int, batch_id: int) -> dict[tuple[str, int], tuple[int, int]]:
+def state_position(epoch: int, batch_id: int) -> int:
+    """The writer's position within its generation: a newer attempt beats any batch of an older one."""
+    return (epoch << 32) + batch_id
+
+
+def state_ranges(source_ranges: Ranges, gen: int, position: int) -> dict[tuple[str, int], tuple[int, int]]:
     """The sink's ranges for one batch of aggregated rows: the writer's position when the batch
     holds any record this instance may apply, else none (a shadow batch: every row skipped)."""
     if not source_ranges:
         return {}
-    return {(STATE_TOPIC, gen): (batch_id, batch_id + 1)}
+    return {(STATE_TOPIC, gen): (position, position + 1)}
 
 
-def with_state_position(df: Any, gen: int, batch_id: int) -> Any:
+def with_state_position(df: Any, gen: int, position: int) -> Any:
     """``df`` (a batch of aggregated rows) with the source columns the sink orders writes by."""
     from pyspark.sql import functions as F
 
     return (
         df.withColumn("topic", F.lit(STATE_TOPIC))
         .withColumn("partition", F.lit(gen).cast("int"))
-        .withColumn("offset", F.lit(batch_id).cast("long"))
+        .withColumn("offset", F.lit(position).cast("long"))
     )
 
 

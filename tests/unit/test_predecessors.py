@@ -122,12 +122,31 @@ def test_a_recovery_that_reset_the_offsets_elsewhere_has_no_predecessor(ledger) 
     with ledger.tx() as conn:  # what a recovery does: close at the cursor, open at the target
         ledger.close_lease(conn, ledger.leases(a.id, conn)[0], 5)
     die(ledger, a)
-    for target in (20, 2):  # skipped ahead ("latest"), or reprocessing ("earliest", overlapping)
+    for target in (20, 2):  # reset ahead with no gap declared, or reprocessing (overlapping)
         r = build.instance()
         build.lease(r, 0, target, target)
         r_att = ledger.start_attempt(r.id, ledger.issue_launch_token(r.id))
         assert preds(ledger, r_att, {0: 30}) == {}, target
         die(ledger, r)
+
+
+def test_a_recovery_past_the_cursor_names_the_old_instance_through_its_gap(ledger) -> None:
+    """The model's finding RECOVERY_SKIP_DUP (issue #29): a recovery closes the old lease at its
+    cursor 5, declares [5, 20) lost and opens the new lease at 20; the old instance's tasks may have
+    written past 20 before it died, so it is a predecessor through the gap (split in two here)."""
+    build = LedgerBuilder(ledger, "p", T)
+    a = build.instance()
+    build.lease(a, 0, 0, 5)
+    with ledger.tx() as conn:
+        ledger.close_lease(conn, ledger.leases(a.id, conn)[0], 5)
+    build.gap(0, 5, 12)
+    build.gap(0, 12, 20)
+    build.gap(1, 0, 20)  # another partition's gap leads nowhere here
+    die(ledger, a)
+    r = build.instance()
+    build.lease(r, 0, 20, 20)
+    r_att = ledger.start_attempt(r.id, ledger.issue_launch_token(r.id))
+    assert preds(ledger, r_att, {0: 30}) == {(T, 0): (a.id,)}
 
 
 def test_an_own_earlier_lease_is_not_a_predecessor(ledger) -> None:

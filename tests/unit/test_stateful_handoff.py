@@ -20,7 +20,14 @@ from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff
 from relay.pipeline import ForEachBatch, Pipeline, PipelineError, check_transform
 from relay.sinks.postgres_upsert import PostgresUpsertSink
 from relay.source_guard import SourceGuard, plan_under_guard, read_source_guard, shadowed
-from relay.stateful import STATE_TOPIC, caught_up, check_stateful_sink, generation, state_ranges
+from relay.stateful import (
+    STATE_TOPIC,
+    caught_up,
+    check_stateful_sink,
+    generation,
+    state_position,
+    state_ranges,
+)
 
 from tests.unit import test_handoff_planned_end as planned_end
 from tests.unit.test_pipeline_contract import FakeSink, identity
@@ -88,6 +95,9 @@ def test_the_writers_position_orders_generations_then_batches_and_a_shadow_batch
     assert generation([3, 9, 4]) == 9 and generation([]) == 0
     assert state_ranges({}, 9, 5) == {}  # no record of the batch is the instance's: a shadow batch
     assert state_ranges({(T, 0): (10, 20)}, 9, 5) == {(STATE_TOPIC, 9): (5, 6)}
+    # HEAL_SAME_GENERATION (issue #29): a relaunch that found its checkpoint empty restarts its batch
+    # ids under the same generation; its newer epoch still makes its rows the newest.
+    assert state_position(8, 0) > state_position(7, 2**31) > state_position(7, 5)
     assert caught_up({T: {0: 95, 1: 50}}, {0: 100, 1: 50}, T, 5)
     assert not caught_up({T: {0: 90}}, {0: 100, 1: 50}, T, 5)
 

@@ -252,9 +252,9 @@ class LeasesMixin(LedgerBase):
             )
         )
 
-    def gaps(self, pipeline: str) -> list[Gap]:
-        with self.tx() as conn:
-            rows = conn.execute(
-                select(s.gaps).where(s.gaps.c.pipeline == pipeline).order_by(s.gaps.c.id)
-            ).all()
+    def gaps(self, pipeline: str, conn: Connection | None = None) -> list[Gap]:
+        if conn is None:
+            with self.tx() as c:
+                return self.gaps(pipeline, c)
+        rows = conn.execute(select(s.gaps).where(s.gaps.c.pipeline == pipeline).order_by(s.gaps.c.id)).all()
         return [gap_from_row(r) for r in rows]
