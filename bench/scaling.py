@@ -96,7 +96,7 @@ def bench_planning(url: str, partitions: int, repeat: int, bootstrap: str | None
     from kafka_offsets_plan import plan_batch_end
     from relay.ledger.models import Color
     from relay.ledger.store import Ledger
-    from relay.source_guard import read_source_guard
+    from relay.protocol.guard import read_source_guard
 
     ledger = Ledger(url, create=True)
     pipeline = f"plan-{partitions}-{time.time_ns() % 10**9}"

@@ -40,11 +40,11 @@ from driver_checks import (
 )
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
 from query_progress import log_progress
-from relay.checkpoint import planned_offsets
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, InstanceState, Offsets
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
+from relay.protocol.checkpoint import planned_offsets
 from relay.standby_priority import standby_nice
 from standby_cpu import StandbyCpu
 from warm_up_batch import rehearse

@@ -134,7 +134,7 @@ class KafkaDataSource(DataSource):
 def _shadowed(guard: Any, shadow_read: bool) -> Any:
     if guard is None or not shadow_read:
         return guard
-    from relay.source_guard import shadowed  # lazily: a source without Relay's ledger needs none of it
+    from relay.protocol.guard import shadowed  # lazily: a source without Relay's ledger needs none of it
 
     return shadowed(guard, shadow_read)
 
@@ -304,7 +304,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         url = self._ledger_url()
         if url is None:
             return plan(None)
-        from relay.source_guard import plan_under_guard
+        from relay.protocol.guard import plan_under_guard
 
         return plan_under_guard(url, self.settings.instance_id, plan)
 
@@ -313,7 +313,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         url = self._ledger_url()
         if url is None:
             return None
-        from relay.source_guard import read_source_guard
+        from relay.protocol.guard import read_source_guard
 
         return _shadowed(read_source_guard(url, self.settings.instance_id), self.settings.shadow_read)
 

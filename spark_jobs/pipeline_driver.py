@@ -3,7 +3,7 @@
 Per micro-batch (the lifecycle is ``driver_runtime``'s):
 1. the batch's planned range from the checkpoint (``offsets/N``, and N-1 for its start);
 2. ``prepare_tasks``: refuse a zombie, and compute from this instance's leases and cursors the
-   ranges a task may apply, and the dead predecessors of those ranges (``relay.predecessors``); the
+   ranges a task may apply, and the dead predecessors of those ranges (``relay.protocol.predecessors``); the
    sink fences each one once, before any task writes its range (Kafka also skips what it wrote);
 3. the transform, then ``mapInArrow``: every Spark task writes its rows through the sink
    (``ExecutorSink.write_task``, one fenced, idempotent sink transaction) and returns one row of
@@ -52,8 +52,8 @@ from relay.pipeline_tasks import (  # noqa: E402
     sum_results,
     take_over_once,
 )
-from relay.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
 from relay.protocol import Ranges, commit_cursors, prepare_tasks  # noqa: E402
+from relay.protocol.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult  # noqa: E402
 from relay.stateful import (  # noqa: E402
     caught_up,

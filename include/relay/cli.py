@@ -84,8 +84,8 @@ def cmd_audit(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 def cmd_checkpoint(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay import checkpoint
     from relay.ledger.store import Ledger
+    from relay.protocol import checkpoint
 
     path = a.path
     if path is None:

@@ -7,7 +7,6 @@ import signal
 import threading
 
 import pytest
-from relay import checkpoint
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError
@@ -19,6 +18,7 @@ from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.producer import produce
+from relay.protocol import checkpoint
 from relay.spark_rest import DriverState
 
 from tests.conftest import wait_for

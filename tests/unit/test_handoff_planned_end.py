@@ -23,7 +23,7 @@ from relay.ledger.models import Color, Instance, InstanceState, Lease
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps
 from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff, handoff_offset
-from relay.source_guard import SourceGuard, plan_under_guard
+from relay.protocol.guard import SourceGuard, plan_under_guard
 from sqlalchemy import create_engine, text
 
 P = T = "p"

@@ -8,8 +8,8 @@ from relay.ledger import schema as s
 from relay.ledger.models import Color, InstanceState
 from relay.ledger.store import Ledger
 from relay.protocol import Record, commit_batch
+from relay.protocol.guard import read_source_guard
 from relay.reference_sink import ReferenceSink
-from relay.source_guard import read_source_guard
 from sqlalchemy import func, select
 
 T = "experience"

@@ -1,4 +1,4 @@
-"""Predecessors of a lease (relay.predecessors) on a real SQLite ledger, and the driver's fence step.
+"""Predecessors of a lease (relay.protocol.predecessors) on a real SQLite ledger, and the driver's fence step.
 
 Each ledger state is what the operations leave behind: ``take_over`` (deploy after a death),
 a recovery's lease at other offsets, an upgrade's handoff with blue still draining.
@@ -12,8 +12,8 @@ import pytest
 from relay.ledger.models import Attempt, Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.pipeline_tasks import take_over_once
-from relay.predecessors import PredecessorCache
 from relay.protocol import commit_cursors, prepare_batch, prepare_tasks
+from relay.protocol.predecessors import PredecessorCache
 from relay.sinks.base import FencedWriteError, TaskResult
 
 from tests.ledger_builder import LedgerBuilder

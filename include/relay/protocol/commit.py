@@ -19,7 +19,7 @@ from relay.errors import SourceGapError
 from relay.ledger import schema as s
 from relay.ledger.models import Attempt, Instance, InstanceState, Lease, Offsets
 from relay.ledger.store import Ledger
-from relay.predecessors import PredecessorCache, SourcePredecessors
+from relay.protocol.predecessors import PredecessorCache, SourcePredecessors
 from relay.sinks.base import TaskResult
 
 
@@ -306,7 +306,7 @@ def prepare_tasks(
     predecessors: PredecessorCache | None,
 ) -> tuple[Ranges, SourcePredecessors]:
     """``prepare_batch`` plus, per source partition the batch writes, the predecessors of the leases
-    the range crosses (``relay.predecessors``): the driver fences them in the sink before the tasks
+    the range crosses (``relay.protocol.predecessors``): the driver fences them in the sink before the tasks
     write. Read in the same transaction as the ranges; ``predecessors`` caches them per lease."""
     with ledger.tx() as conn:
         instance = ledger.check_current(conn, attempt)
