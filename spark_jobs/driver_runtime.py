@@ -157,7 +157,7 @@ class DriverRuntime:
         )
         try:
             return self._run_attempt(predecessors)
-        except ZombieAttemptError as exc:
+        except ZombieAttemptError as exc:  # Step 4. Exit so that supervision does not relaunch
             return self._end(AttemptState.FENCED, str(exc), no_retry_exit(args, 4))
         except DataLossError as exc:
             ledger.set_instance(inst.id, state=InstanceState.FAILED, error=str(exc))
@@ -318,7 +318,7 @@ class DriverRuntime:
             return
         try:
             self.process_batch(df, batch_id, start, end, started)
-        except ZombieAttemptError as exc:
+        except ZombieAttemptError as exc:  # Step 4. The query stops; run() exits without a relaunch
             self.zombie = exc
             raise
 

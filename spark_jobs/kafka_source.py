@@ -306,6 +306,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return plan(None)
         from relay.protocol.guard import plan_under_guard
 
+        # Step 1. Plan inside the leases, and record the planned end, under the instance's row lock.
         return plan_under_guard(url, self.settings.instance_id, plan)
 
     def _read_guard(self) -> Any:

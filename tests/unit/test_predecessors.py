@@ -59,7 +59,7 @@ def test_a_dead_instance_is_the_predecessor_of_the_lease_continuing_its_cursor(l
     assert preds(ledger, b_att, {0: 9, 1: 9}) == {(T, 0): (a.id,), (T, 1): (a.id,)}
     # Only partitions the batch writes: partition 1 has nothing planned here.
     assert preds(ledger, b_att, {0: 9}) == {(T, 0): (a.id,)}
-    # The reference job's path (prepare_batch) is unchanged: ranges only.
+    # prepare_batch: the ranges only.
     assert prepare_batch(ledger, b_att, None, {T: {0: 9}}) == {(T, 0): (5, 9)}
 
 
