@@ -16,7 +16,7 @@ is the Kafka source's) per micro-batch, the lifecycle being ``driver_runtime``'s
   zombie: the query stops and the driver exits 0 (supervision must not relaunch it).
 Before the first batch the sink is prepared and fenced to this attempt's epoch, so tasks of an older
 attempt can't commit. A pipeline built without code is Relay's default, ``examples/counter``, run
-under the pipeline name and topic the artifact records (``relay.artifacts.build_meta``).
+as the instance's pipeline on its topic (``relay.artifacts.build_meta``).
 """
 
 from __future__ import annotations
@@ -97,18 +97,17 @@ def pipeline_module(args: argparse.Namespace) -> str:
     return module
 
 
-def deployed_pipeline(module: str) -> Pipeline:
-    """The artifact's pipeline, under the name and topics its build recorded for Relay's default
-    pipeline (``PIPELINE_NAME``/``PIPELINE_TOPICS``: the counter runs as the configured pipeline)."""
-    pipeline = load_pipeline(module)
+def deployed_pipeline(module: str, pipeline: str, topic: str) -> Pipeline:
+    """The artifact's pipeline; Relay's default pipeline (the counter, built without pipeline code:
+    ``PIPELINE_AS_CONFIGURED``) runs as ``pipeline`` on ``topic``, the instance's."""
+    found = load_pipeline(module)
     try:
         import relay_job_version
     except ImportError:
-        return pipeline
-    name = getattr(relay_job_version, "PIPELINE_NAME", None)
-    if not name:
-        return pipeline
-    return dataclasses.replace(pipeline, name=name, topics=tuple(relay_job_version.PIPELINE_TOPICS))
+        return found
+    if not getattr(relay_job_version, "PIPELINE_AS_CONFIGURED", False):
+        return found
+    return dataclasses.replace(found, name=pipeline, topics=(topic,))
 
 
 def range_filter(ranges: Ranges) -> Any:
@@ -149,7 +148,8 @@ class PipelineDriver(DriverRuntime):
         """Load and check the pipeline on the driver, then prepare and fence its sink."""
         import kafka_source
 
-        p = self.pipeline = deployed_pipeline(pipeline_module(self.args))
+        p = deployed_pipeline(pipeline_module(self.args), self.instance.pipeline, self.args.topic)
+        self.pipeline = p
         if p.name != self.instance.pipeline:
             raise PipelineError(
                 f"this artifact's pipeline is {p.name} but instance {self.instance.id} is "

@@ -28,11 +28,6 @@ def sink() -> LedgerMessagesSink:
     return LedgerMessagesSink()
 
 
-PIPELINE = Pipeline(
-    name=NAME,
-    topics=(TOPIC,),
-    transform=transform,
-    sink=sink,
-    max_offsets_per_trigger=20000,
-    trigger_seconds=1.0,
-)
+# No batch limits of its own: as Relay's default pipeline it runs with the configured ones
+# (RELAY_MAX_OFFSETS_PER_TRIGGER, RELAY_TRIGGER_SECONDS, a pipelines file; else 20000 and 1 s).
+PIPELINE = Pipeline(name=NAME, topics=(TOPIC,), transform=transform, sink=sink)

@@ -185,19 +185,21 @@ def _members(package: Path) -> list[tuple[str, Path]]:
 
 def _version_settings(fail_at_start: bool, pipeline: dict, batch_delay_s: float = 0.0) -> str:
     """The version module after its first line (``VERSION = ...``): what else the driver is told.
-    Relay's default pipeline also gets the name and topics it runs under (``DEPLOYED_AS``)."""
+    Relay's default pipeline is told to run as the instance's pipeline, on its topic (``AS_CONFIGURED``)."""
     settings = f"FAIL_AT_START = {fail_at_start!r}\n"
     if batch_delay_s:
         settings += f"BATCH_DELAY_S = {float(batch_delay_s)!r}\n"
     settings += f"PIPELINE_MODULE = {pipeline['module']!r}\n"
-    if pipeline.get(DEPLOYED_AS):
-        settings += f"PIPELINE_NAME = {pipeline['name']!r}\nPIPELINE_TOPICS = {tuple(pipeline['topics'])!r}\n"
+    if pipeline.get(AS_CONFIGURED):
+        settings += "PIPELINE_AS_CONFIGURED = True\n"
     return settings
 
 
-DEPLOYED_AS = "deployed_as_configured"
-"""``artifact.json``'s pipeline field set for Relay's default pipeline: its name and topics are the
-configuration's, not the package's (the driver runs it under them)."""
+AS_CONFIGURED = "as_configured"
+"""``artifact.json``'s pipeline field set for Relay's default pipeline: it runs as whichever pipeline
+deploys it, on that pipeline's topic (the driver takes both from its instance and command line), so
+one version serves every pipeline without code, as one data dir's ``artifacts/`` is shared by them.
+Its recorded name and topics are the configuration's at build time."""
 
 
 def build_meta(config: RelayConfig, pipeline_code: Path | None = None) -> tuple[Path, dict]:
@@ -212,7 +214,7 @@ def build_meta(config: RelayConfig, pipeline_code: Path | None = None) -> tuple[
         **meta,
         "name": config.pipeline,
         "topics": [config.topic],
-        DEPLOYED_AS: True,
+        AS_CONFIGURED: True,
     }
 
 
@@ -303,7 +305,8 @@ def deploy_problems(config: RelayConfig, version: str, meta: dict | None) -> lis
     if not meta:
         return []
     problems = []
-    if meta["name"] != config.pipeline or meta["topics"] != [config.topic]:
+    named = not meta.get(AS_CONFIGURED)  # Relay's default pipeline runs as the configured one
+    if named and (meta["name"] != config.pipeline or meta["topics"] != [config.topic]):
         problems.append(
             f"version {version} is pipeline {meta['name']} on topic(s) {meta['topics']}, but Relay is "
             f"configured for pipeline {config.pipeline} on topic {config.topic}: set RELAY_PIPELINE and "

@@ -1,5 +1,5 @@
 """A pipeline without ``pipeline_code`` runs ``examples/counter`` (``relay build``, ``make run``, the
-bench, chaos and the operations tests), under the configured pipeline name and topic."""
+bench, chaos and the operations tests), as the configured pipeline, on its topic."""
 
 from __future__ import annotations
 
@@ -33,9 +33,11 @@ def test_a_build_without_code_freezes_the_counter_under_the_configured_name_and_
     zf = zipfile.ZipFile(art.zip_file)
     assert "counter/pipeline.py" in zf.namelist()
     version = zf.read("relay_job_version.py").decode()
-    assert "PIPELINE_MODULE = 'counter.pipeline'" in version
-    assert "PIPELINE_NAME = 'orders'" in version and "PIPELINE_TOPICS = ('orders-in',)" in version
+    assert "PIPELINE_MODULE = 'counter.pipeline'" in version and "PIPELINE_AS_CONFIGURED = True" in version
     assert art.code_hash() == current_code_hash(cfg)  # what a plan says the build would freeze
+    # One data dir's artifacts serve every pipeline without code, as the old default's did.
+    other = cfg.with_(pipeline="payments", topic="payments")
+    assert deploy_problems(other, "v1", meta) == [] and art.code_hash() == current_code_hash(other)
 
 
 def test_the_embedded_default_is_the_counters_own_name_and_topic(tmp_path: Path) -> None:
@@ -49,19 +51,19 @@ def test_the_embedded_default_is_the_counters_own_name_and_topic(tmp_path: Path)
 def test_the_counter_named_explicitly_keeps_its_own_name(tmp_path: Path) -> None:
     cfg = _config(tmp_path, RELAY_PIPELINE="orders", RELAY_TOPIC="orders")
     art = build_artifact(cfg, "v1", pipeline_code=DEFAULT_PIPELINE_CODE)
-    assert "PIPELINE_NAME" not in zipfile.ZipFile(art.zip_file).read("relay_job_version.py").decode()
+    assert "AS_CONFIGURED" not in zipfile.ZipFile(art.zip_file).read("relay_job_version.py").decode()
     assert "version v1 is pipeline experience" in deploy_problems(cfg, "v1", art.pipeline)[0]
 
 
 @pytest.mark.parametrize("recorded", [True, False])
-def test_the_driver_runs_the_default_under_the_recorded_name(
+def test_the_driver_runs_the_default_as_its_instances_pipeline(
     monkeypatch: pytest.MonkeyPatch, recorded: bool
 ) -> None:
     load_package(DEFAULT_PIPELINE_CODE)  # puts examples/ on the path, as the artifact's zip would be
     version = types.ModuleType("relay_job_version")
     version.VERSION = "v1"
     if recorded:
-        version.PIPELINE_NAME, version.PIPELINE_TOPICS = "orders", ("orders-in",)
+        version.PIPELINE_AS_CONFIGURED = True
     monkeypatch.setitem(sys.modules, "relay_job_version", version)
-    p = deployed_pipeline("counter.pipeline")
+    p = deployed_pipeline("counter.pipeline", "orders", "orders-in")
     assert (p.name, p.topics) == (("orders", ("orders-in",)) if recorded else ("experience", ("experience",)))
