@@ -102,8 +102,9 @@ def audit_ledger(
         # per offset, without reading every batch's ranges first.
         counted = lc.has_message_ranges(conn, pipeline)
         covered = {} if counted else executor_coverage(conn, pipeline, topic)
-        if not counted:
+        if covered:
             records = None  # committed ranges cover holes too: nothing for Kafka to tell apart
+        rows = lc.has_counter_tables(conn)  # absent where the counter never ran: nothing to count
         earliest, latest = offsets()
         parts = [
             _partition(
@@ -115,7 +116,7 @@ def audit_ledger(
                 since,
                 until,
                 records,
-                None if counted else covered.get(p, RangeCoverage([])),
+                covered.get(p, RangeCoverage([])) if covered or not rows else None,
             )
             for p in sorted(set(latest) | set(spans))
         ]

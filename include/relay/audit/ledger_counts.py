@@ -213,7 +213,7 @@ def _ordered(conn: Connection, table: Table, key: Key, a: int, b: int) -> Iterat
 def applied_stream(conn: Connection, key: Key, a: int, b: int) -> Iterator[int]:
     """Every offset of ``[a, b)`` with a row or a dead letter, ascending, each once, streamed."""
     d = s.dead_letters
-    rows = _ordered(conn, messages, key, a, b)
+    rows = _ordered(conn, messages, key, a, b) if counter.tables_exist(conn) else iter(())
     if not conn.execute(select(d.c.offset).where(*_in(d, key, a, b)).limit(1)).first():
         yield from rows  # the usual case: no dead letter to merge in
         return
@@ -228,6 +228,11 @@ def sink_totals(conn: Connection, pipeline: str) -> tuple[int, int]:
     """(the counter's running count, the rows in its table): its sink keeps them equal; (0, 0) for a
     pipeline whose sink is not the counter's."""
     return counter.totals(conn, pipeline)
+
+
+def has_counter_tables(conn: Connection) -> bool:
+    """True when the counter's sink created its tables in this ledger's database (``SqlRows`` reads them)."""
+    return counter.tables_exist(conn)
 
 
 def has_message_ranges(conn: Connection, pipeline: str) -> bool:
