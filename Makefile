@@ -50,8 +50,8 @@ bench: setup
 	$(RELAY) bench
 
 # The full chaos run: 10 minutes of faults (22 of every kind, Airflow's scheduler and 65 s ledger locks
-# included) on a private stack under var/chaos/; CHAOS_ARGS adds options (e.g. --postgres, --seed 3,
-# --pipeline-code examples/counter: the executor-side sink instead of the reference job).
+# included) on a private stack under var/chaos/, on the counter (examples/counter, Relay's default pipeline);
+# CHAOS_ARGS adds options (e.g. --postgres, --seed 3, --pipeline-code PKG: another pipeline package).
 chaos: setup
 	$(RELAY) chaos --minutes 10 $(CHAOS_ARGS)
 

@@ -4,8 +4,9 @@ stays flat as partitions grow).
 Three measurements, each on a private ledger under --work-dir (no Spark; a Kafka broker only for the
 offsets lookup, started from noida-db on a free loopback port unless --no-kafka):
 
-* commit:   ``relay.protocol.commit_batch`` of one batch holding one record per partition, with 1,
-            32, 256 and 1,024 partitions (so 1..1,024 leases locked, filtered, advanced by CAS);
+* commit:   the driver's ledger work of one batch advancing every partition by one record
+            (``relay.protocol``'s ``prepare_batch`` then ``commit_cursors``; the sink's writes are the
+            tasks'), with 1, 32, 256 and 1,024 partitions (1..1,024 leases locked, ranged, advanced by CAS);
 * planning: what the source does before every batch: the ledger guard (``read_source_guard``: the
             instance and its leases) and the pure plan (``plan_batch_end`` with the caps and the read
             limit), plus Kafka's earliest/latest offsets of the topic (a broker round trip);
@@ -63,8 +64,8 @@ def private_ledger(url: str | None, work: Path, name: str) -> str:
 def bench_commit(url: str, partitions: int, commits: int) -> dict[str, float]:
     from relay.ledger.models import Color
     from relay.ledger.store import Ledger
-    from relay.protocol import Record, commit_batch
-    from relay.reference_sink import ReferenceSink
+    from relay.protocol import commit_cursors, prepare_batch
+    from relay.sinks.base import TaskResult
 
     ledger = Ledger(url, create=True)
     pipeline = f"commit-{partitions}-{time.time_ns() % 10**9}"
@@ -73,16 +74,15 @@ def bench_commit(url: str, partitions: int, commits: int) -> dict[str, float]:
         for p in range(partitions):
             ledger.open_lease(conn, inst, TOPIC, p, 0)
     attempt = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
-    sink = ReferenceSink("bench")
+    counts = TaskResult(rows_in=partitions, rows_written=partitions)  # what the tasks would return
     state = {"batch": 0, "pos": 0}
 
     def one() -> None:
         pos = state["pos"]
         start = {TOPIC: dict.fromkeys(range(partitions), pos)}
         end = {TOPIC: dict.fromkeys(range(partitions), pos + 1)}
-        key = str(pos).encode()
-        records = [Record(TOPIC, p, pos, key, key) for p in range(partitions)]
-        commit_batch(ledger, attempt, state["batch"], start, end, records, sink)
+        prepare_batch(ledger, attempt, start, end)
+        commit_cursors(ledger, attempt, state["batch"], start, end, counts)
         state["batch"] += 1
         state["pos"] += 1
 
@@ -96,7 +96,7 @@ def bench_planning(url: str, partitions: int, repeat: int, bootstrap: str | None
     from kafka_offsets_plan import plan_batch_end
     from relay.ledger.models import Color
     from relay.ledger.store import Ledger
-    from relay.source_guard import read_source_guard
+    from relay.protocol.guard import read_source_guard
 
     ledger = Ledger(url, create=True)
     pipeline = f"plan-{partitions}-{time.time_ns() % 10**9}"
@@ -125,19 +125,35 @@ def bench_planning(url: str, partitions: int, repeat: int, bootstrap: str | None
 
 
 def fill_audit_ledger(url: str, offsets: int, partitions: int = 8) -> tuple[str, dict[int, int]]:
-    """A ledger whose one instance applied ``offsets`` offsets (rows written in bulk, as a job would)."""
+    """A ledger whose one instance of the counter applied ``offsets`` offsets (its sink's rows written
+    in bulk, as its tasks would, with one recorded range per partition and the running count)."""
     from relay.ledger import schema as s
     from relay.ledger.models import Color
     from relay.ledger.store import Ledger
+    from relay.sinks import ledger_messages_tables as counter
 
     ledger = Ledger(url, create=True)
     pipeline = f"audit-{offsets}"
     per = offsets // partitions
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, pipeline, "bench", Color.BLUE, "", pipeline)
+        counter.create_tables(conn, pipeline)
         for p in range(partitions):
             lease = ledger.open_lease(conn, inst, TOPIC, p, 0)
             conn.execute(s.leases.update().where(s.leases.c.id == lease.id).values(next_offset=per))
+        run = {"pipeline": pipeline, "topic": TOPIC, "instance_id": inst.id, "epoch": 1, "batch_id": 0}
+        conn.execute(
+            counter.message_ranges.insert(),
+            [
+                {**run, "partition": p, "start_offset": 0, "end_offset": per, "created_at": time.time()}
+                for p in range(partitions)
+            ],
+        )
+        conn.execute(
+            counter.counter_totals.update()
+            .where(counter.counter_totals.c.pipeline == pipeline)
+            .values(message_count=per * partitions)
+        )
     ledger.close()
 
     def rows() -> Iterator[tuple[Any, ...]]:
@@ -150,7 +166,6 @@ def fill_audit_ledger(url: str, offsets: int, partitions: int = 8) -> tuple[str,
         db = sqlite3.connect(url.removeprefix("sqlite:///"))
         with db:
             db.executemany(f"INSERT INTO messages ({cols}) VALUES (?,?,?,?,?,?,?,?,?)", rows())
-            db.execute("UPDATE pipelines SET message_count = ? WHERE name = ?", (per * partitions, pipeline))
         db.close()
     else:
         import psycopg2
@@ -163,9 +178,6 @@ def fill_audit_ledger(url: str, offsets: int, partitions: int = 8) -> tuple[str,
         )
         with db, db.cursor() as cur:
             execute_values(cur, f"INSERT INTO messages ({cols}) VALUES %s", rows(), page_size=10_000)
-            cur.execute(
-                "UPDATE pipelines SET message_count = %s WHERE name = %s", (per * partitions, pipeline)
-            )
         db.close()
     return pipeline, dict.fromkeys(range(partitions), per)
 

@@ -40,11 +40,11 @@ from driver_checks import (
 )
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
 from query_progress import log_progress
-from relay.checkpoint import planned_offsets
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, InstanceState, Offsets
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
+from relay.protocol.checkpoint import planned_offsets
 from relay.standby_priority import standby_nice
 from standby_cpu import StandbyCpu
 from warm_up_batch import rehearse
@@ -157,7 +157,7 @@ class DriverRuntime:
         )
         try:
             return self._run_attempt(predecessors)
-        except ZombieAttemptError as exc:
+        except ZombieAttemptError as exc:  # Step 4. Exit so that supervision does not relaunch
             return self._end(AttemptState.FENCED, str(exc), no_retry_exit(args, 4))
         except DataLossError as exc:
             ledger.set_instance(inst.id, state=InstanceState.FAILED, error=str(exc))
@@ -318,7 +318,7 @@ class DriverRuntime:
             return
         try:
             self.process_batch(df, batch_id, start, end, started)
-        except ZombieAttemptError as exc:
+        except ZombieAttemptError as exc:  # Step 4. The query stops; run() exits without a relaunch
             self.zombie = exc
             raise
 

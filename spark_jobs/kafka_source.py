@@ -134,7 +134,7 @@ class KafkaDataSource(DataSource):
 def _shadowed(guard: Any, shadow_read: bool) -> Any:
     if guard is None or not shadow_read:
         return guard
-    from relay.source_guard import shadowed  # lazily: a source without Relay's ledger needs none of it
+    from relay.protocol.guard import shadowed  # lazily: a source without Relay's ledger needs none of it
 
     return shadowed(guard, shadow_read)
 
@@ -305,8 +305,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         url = self._ledger_url()
         if url is None:
             return plan(None)
-        from relay.source_guard import plan_under_guard
+        from relay.protocol.guard import plan_under_guard
 
+        # Step 1. Plan inside the leases, and record the planned end, under the instance's row lock.
         return plan_under_guard(url, self.settings.instance_id, plan)
 
     def _read_guard(self) -> Any:
@@ -314,7 +315,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         url = self._ledger_url()
         if url is None:
             return None
-        from relay.source_guard import read_source_guard
+        from relay.protocol.guard import read_source_guard
 
         return _shadowed(read_source_guard(url, self.settings.instance_id), self.settings.shadow_read)
 

@@ -1,24 +1,28 @@
-"""The driver of a user's pipeline: Relay's stream, the user's transform, writes on the executors.
+"""The driver of every pipeline: Relay's stream, the pipeline's transform, writes on the executors.
 
-Per micro-batch (the lifecycle is ``driver_runtime``'s):
-1. the batch's planned range from the checkpoint (``offsets/N``, and N-1 for its start);
-2. ``prepare_tasks``: refuse a zombie, and compute from this instance's leases and cursors the
-   ranges a task may apply, and the dead predecessors of those ranges (``relay.predecessors``); the
-   sink fences each one once, before any task writes its range (Kafka also skips what it wrote);
-3. the transform, then ``mapInArrow``: every Spark task writes its rows through the sink
-   (``ExecutorSink.write_task``, one fenced, idempotent sink transaction) and returns one row of
-   counts; the driver collects only those (its memory does not depend on the batch size);
-   or, for ``ForEachBatch``, the user's function with the batch limited to the ranges;
-4. ``commit_cursors``: ONE ledger transaction moves the cursors to the planned end.
-
-A task fenced in the sink, or a commit refused by the ledger, means this attempt is a zombie: the
-query stops and the driver exits 0 (supervision must not relaunch it). Before the first batch the
-sink is prepared and fenced to this attempt's epoch, so tasks of an older attempt can't commit.
+It runs the commit protocol's Steps 2 to 4 (``relay.protocol``; Step 1, the plan inside the leases,
+is the Kafka source's) per micro-batch, the lifecycle being ``driver_runtime``'s:
+- the batch's planned range from the checkpoint (``offsets/N``, and N-1 for its start);
+- Step 2: ``prepare_tasks`` refuses a zombie and computes from this instance's leases and cursors
+  the ranges a task may apply, and the dead predecessors of those ranges
+  (``relay.protocol.predecessors``), which the sink fences once, before any task writes their range
+  (Kafka also skips what they wrote); then the transform and ``mapInArrow``: every Spark task
+  writes its rows through the sink (``ExecutorSink.write_task``, one fenced, idempotent sink
+  transaction) and returns one row of counts; the driver collects only those (its memory does not
+  depend on the batch size); or, for ``ForEachBatch``, the user's function with the batch limited
+  to the ranges;
+- Step 3: ``commit_cursors``, ONE ledger transaction moves the cursors to the planned end;
+- Step 4: a task fenced in the sink, or a commit refused by the ledger, means this attempt is a
+  zombie: the query stops and the driver exits 0 (supervision must not relaunch it).
+Before the first batch the sink is prepared and fenced to this attempt's epoch, so tasks of an older
+attempt can't commit. A pipeline built without code is Relay's default, ``examples/counter``, run
+as the instance's pipeline on its topic (``relay.artifacts.build_meta``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -56,8 +60,9 @@ from relay.pipeline_tasks import (  # noqa: E402
     take_over_once,
     whole_source_partitions,
 )
-from relay.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
-from relay.protocol import Ranges, commit_cursors, prepare_tasks  # noqa: E402
+from relay.protocol.commit import commit_cursors  # noqa: E402
+from relay.protocol.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
+from relay.protocol.prepare import Ranges, prepare_tasks  # noqa: E402
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult  # noqa: E402
 from relay.stateful import (  # noqa: E402
     caught_up,
@@ -92,8 +97,23 @@ def pipeline_module(args: argparse.Namespace) -> str:
         raise PipelineError("no --pipeline and no artifact: which pipeline should run?") from exc
     module = getattr(relay_job_version, "PIPELINE_MODULE", None)
     if not module:
-        raise PipelineError(f"artifact {relay_job_version.VERSION} holds no pipeline (the reference job's?)")
+        raise PipelineError(
+            f"artifact {relay_job_version.VERSION} holds no pipeline (built by an older Relay?)"
+        )
     return module
+
+
+def deployed_pipeline(module: str, pipeline: str, topic: str) -> Pipeline:
+    """The artifact's pipeline; Relay's default pipeline (the counter, built without pipeline code:
+    ``PIPELINE_AS_CONFIGURED``) runs as ``pipeline`` on ``topic``, the instance's."""
+    found = load_pipeline(module)
+    try:
+        import relay_job_version
+    except ImportError:
+        return found
+    if not getattr(relay_job_version, "PIPELINE_AS_CONFIGURED", False):
+        return found
+    return dataclasses.replace(found, name=pipeline, topics=(topic,))
 
 
 def range_filter(ranges: Ranges) -> Any:
@@ -135,7 +155,8 @@ class PipelineDriver(DriverRuntime):
         """Load and check the pipeline on the driver, then prepare and fence its sink."""
         import kafka_source
 
-        p = self.pipeline = load_pipeline(pipeline_module(self.args))
+        p = deployed_pipeline(pipeline_module(self.args), self.instance.pipeline, self.args.topic)
+        self.pipeline = p
         if p.name != self.instance.pipeline:
             raise PipelineError(
                 f"this artifact's pipeline is {p.name} but instance {self.instance.id} is "
@@ -275,6 +296,7 @@ class PipelineDriver(DriverRuntime):
     ) -> None:
         p, attempt = self.pipeline, self.attempt
         t0 = time.perf_counter()
+        # Step 2. The ranges the tasks may write, and the dead predecessors to fence first.
         ranges, predecessors = prepare_tasks(self.ledger, attempt, start, end, self.predecessors)
         t1 = time.perf_counter()
         if p.stateful:  # aggregated rows: the writer's position, not the records' (relay.stateful)
@@ -291,6 +313,7 @@ class PipelineDriver(DriverRuntime):
             counts = counts_from(self.sink.fn(out.filter(range_filter(ranges)), ctx))
         else:
             self._take_over(predecessors)
+            # Step 2. Every task writes its part through the sink, fenced and idempotent.
             ctx = TaskContext(p.name, self.instance.id, attempt.epoch, batch_id, ranges)
             if ranges and needs_whole_source_partitions(self.sink):
                 out = whole_source_partitions(out, ranges, self._narrow(out))
@@ -298,12 +321,13 @@ class PipelineDriver(DriverRuntime):
             t2 = time.perf_counter()
             tasks = writes.collect()
             counts, fenced = sum_results(tasks)
-            if fenced:
+            if fenced:  # Step 4. A task was refused by the sink's fence
                 raise ZombieAttemptError(
                     f"attempt {attempt.id} (epoch {attempt.epoch}) fenced in the sink: {fenced[0]}"
                 )
         t3 = time.perf_counter()
         crash_point(CRASH_BEFORE_LEDGER_COMMIT)
+        # Step 3. ONE ledger transaction moves the cursors (Step 4: ZombieAttemptError if refused).
         result = commit_cursors(self.ledger, attempt, batch_id, start, end, counts, started)
         log.info(
             "batch %s: rows in %s written %s skipped %s (tasks); cursors %s; commit %.1f ms "

@@ -1,4 +1,4 @@
-"""Build a ledger state by hand (leases with cursors, gaps, sink rows, dead letters) for audit tests.
+"""Build a ledger state by hand (leases with cursors, gaps, the counter's rows, dead letters) for audit tests.
 
 Each audit test states exactly the situation it judges, without running a job: what the commit
 protocol would have left behind, or what a bug or a rogue writer would have.
@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from relay.ledger import schema as s
 from relay.ledger.models import Color, Instance
 from relay.ledger.store import Ledger
+from relay.sinks import ledger_messages_tables as counter
+from relay.sinks.ledger_messages import runs
+from sqlalchemy.engine import Connection
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,8 @@ class LedgerBuilder:
             conn.execute(s.leases.update().where(s.leases.c.id == opened.id).values(next_offset=cursor))
 
     def rows(self, inst: Instance, partition: int, offsets: Iterable[int]) -> None:
-        """Sink rows as the reference sink writes them, and its running count."""
+        """The counter's rows as its sink writes them (messages, their ranges), and its running count."""
+        offsets = list(offsets)
         batch = [
             dict(
                 pipeline=self.pipeline,
@@ -48,16 +52,25 @@ class LedgerBuilder:
             )
             for o in offsets
         ]
+        ranges = [
+            dict(pipeline=self.pipeline, topic=self.topic, partition=partition, start_offset=a, end_offset=b)
+            | dict(instance_id=inst.id, epoch=1, batch_id=0, created_at=0.0)
+            for a, b in runs(offsets)
+        ]
         with self.ledger.tx() as conn:
-            conn.execute(s.messages.insert(), batch)
-            conn.execute(
-                s.pipelines.update()
-                .where(s.pipelines.c.name == self.pipeline)
-                .values(message_count=s.pipelines.c.message_count + len(batch))
-            )
+            counter.create_tables(conn, self.pipeline)
+            if batch:
+                conn.execute(counter.messages.insert(), batch)
+                conn.execute(counter.message_ranges.insert(), ranges)
+            self._add_to_count(conn, len(batch))
+
+    def _add_to_count(self, conn: Connection, n: int) -> None:
+        t = counter.counter_totals
+        where = t.c.pipeline == self.pipeline
+        conn.execute(t.update().where(where).values(message_count=t.c.message_count + n))
 
     def delete_rows(self, partition: int, offsets: Iterable[int]) -> None:
-        m = s.messages
+        m = counter.messages
         gone = list(offsets)
         with self.ledger.tx() as conn:
             conn.execute(
@@ -65,11 +78,7 @@ class LedgerBuilder:
                     m.c.pipeline == self.pipeline, m.c.partition == partition, m.c.offset.in_(gone)
                 )
             )
-            conn.execute(
-                s.pipelines.update()
-                .where(s.pipelines.c.name == self.pipeline)
-                .values(message_count=s.pipelines.c.message_count - len(gone))
-            )
+            self._add_to_count(conn, -len(gone))
 
     def dead(self, inst: Instance, partition: int, offsets: Iterable[int]) -> None:
         with self.ledger.tx() as conn:

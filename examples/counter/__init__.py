@@ -1,1 +1,1 @@
-"""Example pipeline: the seeds' counter, the reference job rewritten on the pipeline SDK (see README.md)."""
+"""Example pipeline: the seeds' counter, Relay's default pipeline (see README.md)."""

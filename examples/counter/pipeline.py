@@ -1,10 +1,10 @@
 """The seeds' counter: every record ``key = value = counter`` becomes one row of the ledger's
 ``messages`` table, written by the executors; poison keys become dead letters.
 
-Written only against Relay's public contract (``relay.pipeline``) and one of its sinks. It is the
-reference job (``spark_jobs/reference_job.py``) without the driver-side collect: same topic, same
-table, same count (``pipelines.message_count``), so ``relay audit --deep`` and the seeds' count check
-read it exactly as they read the reference job.
+Written only against Relay's public contract (``relay.pipeline``) and one of its sinks. It is what
+Relay runs for a pipeline declared without ``pipeline_code`` (under that pipeline's name and topic):
+the sink creates its tables (``messages``, ``message_ranges``, ``counter_totals``) in the ledger's
+database, where ``relay audit --deep`` and the seeds' count check read them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from relay.pipeline import Pipeline
 from relay.sinks.ledger_messages import LedgerMessagesSink
 
 NAME = "experience"
-TOPIC = "experience"  # the reference job's default topic
+TOPIC = "experience"  # Relay's default topic (RelayConfig.topic)
 
 
 def transform(df):  # noqa: ANN001, ANN201 - pyspark DataFrames (imported on the executors, not here)
@@ -28,11 +28,6 @@ def sink() -> LedgerMessagesSink:
     return LedgerMessagesSink()
 
 
-PIPELINE = Pipeline(
-    name=NAME,
-    topics=(TOPIC,),
-    transform=transform,
-    sink=sink,
-    max_offsets_per_trigger=20000,
-    trigger_seconds=1.0,
-)
+# No batch limits of its own: as Relay's default pipeline it runs with the configured ones
+# (RELAY_MAX_OFFSETS_PER_TRIGGER, RELAY_TRIGGER_SECONDS, a pipelines file; else 20000 and 1 s).
+PIPELINE = Pipeline(name=NAME, topics=(TOPIC,), transform=transform, sink=sink)

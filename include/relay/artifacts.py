@@ -3,16 +3,17 @@
 An artifact is a folder ``<data_dir>/artifacts/<version>/`` holding the driver script and a zip of
 the library and the Spark source (shipped with the submission as a py-file). Building a version
 freezes the code as it is now; the driver checks that the artifact it runs is the version the
-ledger gave its instance. Built from a user's pipeline package (``pipeline_code``), the zip also
-carries that package, the driver is ``pipeline_driver.py`` and ``artifact.json`` records the
-pipeline (name, topics, module, the environment its sink needs, what its sink declares) and the
-hash of its code.
+ledger gave its instance. The zip also carries the pipeline package (``pipeline_code``; without
+one, Relay's default: ``examples/counter``, the seeds' counter, run under the configured pipeline
+name and topic), the driver is ``pipeline_driver.py`` and ``artifact.json`` records the pipeline
+(name, topics, module, the environment its sink needs, what its sink declares) and the hash of its
+code.
 
 Every artifact also records ``code_hash`` (sha256 of what it froze, its own name left out: two
 versions of the same code hash the same, so a plan can say whether an upgrade changes any code) and
 ``stateful``: what the pipeline declares (``Pipeline(stateful=True)``: its transform runs on the
 stream and its checkpoint holds operator state, which an upgrade rebuilds by warm-up replay, see
-``relay.stateful``); False for the reference job and every stateless pipeline, whose checkpoint
+``relay.stateful``); False for every stateless pipeline (the counter's included), whose checkpoint
 holds offsets only.
 Which versions are kept is ``relay.operations.rollback``'s.
 """
@@ -40,11 +41,13 @@ FUTURE_IMPORT = "from __future__ import annotations\n"
 # How the launcher talks to the driver it freezes. 2: the ledger URL comes in the environment
 # (RELAY_LEDGER_URL), never as ``--ledger-url``; older drivers require the argument.
 DRIVER_INTERFACE = 2
-REFERENCE_DRIVER = "reference_job.py"
 PIPELINE_DRIVER = "pipeline_driver.py"
 DRIVER_MEMBER = "<driver>/"  # the driver script's name in the code hash (it lives beside the zip)
-# Never in a zip: the drivers (beside it) and the ledger store's bootstrap (installed on every host).
-NOT_FROZEN = (REFERENCE_DRIVER, PIPELINE_DRIVER, "artifact_bootstrap.py")
+# Never in a zip: the driver (beside it) and the ledger store's bootstrap (installed on every host).
+NOT_FROZEN = (PIPELINE_DRIVER, "artifact_bootstrap.py")
+DEFAULT_PIPELINE_CODE = PROJECT_ROOT / "examples" / "counter"
+"""What a pipeline without ``pipeline_code`` runs: the seeds' counter (executor-side
+``LedgerMessagesSink``), under the configured pipeline name and topic."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class Artifact:
 
     @property
     def job_file(self) -> Path:
-        return self.folder / self.metadata().get("driver", REFERENCE_DRIVER)
+        return self.folder / self.metadata().get("driver", PIPELINE_DRIVER)
 
     def metadata(self) -> dict:
         """``artifact.json`` ({} when missing or unreadable: an old or half-built artifact)."""
@@ -65,7 +68,7 @@ class Artifact:
 
     @property
     def pipeline(self) -> dict | None:
-        """The user pipeline this artifact runs (None: the reference job)."""
+        """The pipeline this artifact runs (None: unknown, an artifact half built)."""
         return self.metadata().get("pipeline")
 
     @property
@@ -116,8 +119,9 @@ def build_artifact(
 ) -> Artifact:
     """Freeze the current code as ``version`` (an existing artifact is kept unless ``force``).
 
-    ``pipeline_code`` (default: ``config.pipeline_code``) is a user's pipeline package folder: it is
-    loaded first (a broken contract fails the build, not the driver) and packed with the runtime.
+    ``pipeline_code`` (default: ``config.pipeline_code``, else DEFAULT_PIPELINE_CODE) is a pipeline
+    package folder: it is loaded first (a broken contract fails the build, not the driver) and packed
+    with the runtime.
 
     Two deliberately broken versions, for testing aborts: ``fail_at_start`` fails after the driver
     took an attempt in the ledger; ``import_error`` dies at import, before it reaches the ledger (the
@@ -128,21 +132,19 @@ def build_artifact(
     art = artifact(config, version)
     if art.exists() and not force:
         return art
-    code = pipeline_code or config.pipeline_code
-    pipeline = pipeline_meta(Path(code)) if code is not None else None
-    driver = PIPELINE_DRIVER if pipeline else REFERENCE_DRIVER
+    package, pipeline = build_meta(config, pipeline_code)
+    driver = PIPELINE_DRIVER
     tmp = art.folder.with_name(f".{version}.building-{time.time_ns()}")
     tmp.mkdir(parents=True)
     shutil.copy2(PROJECT_ROOT / "spark_jobs" / driver, tmp / driver)
     if import_error:
         _break_imports(tmp / driver)
     with zipfile.ZipFile(tmp / "relay_job.zip", "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, path in _members(Path(code).resolve() if pipeline else None):
+        for name, path in _members(package):
             zf.write(path, name)
-        module = pipeline["module"] if pipeline else None
         zf.writestr(
             VERSION_MODULE,
-            f"VERSION = {version!r}\n" + _version_settings(fail_at_start, module, batch_delay_s),
+            f"VERSION = {version!r}\n" + _version_settings(fail_at_start, pipeline, batch_delay_s),
         )
     (tmp / "artifact.json").write_text(
         json.dumps(
@@ -155,7 +157,7 @@ def build_artifact(
                 "driver_interface": DRIVER_INTERFACE,
                 "driver": driver,
                 "code_hash": zip_code_hash(tmp / "relay_job.zip", tmp / driver),
-                "stateful": bool(pipeline and pipeline.get("stateful")),
+                "stateful": bool(pipeline.get("stateful")),
                 "pipeline": pipeline,
             }
         )
@@ -166,7 +168,7 @@ def build_artifact(
     return art
 
 
-def _members(package: Path | None) -> list[tuple[str, Path]]:
+def _members(package: Path) -> list[tuple[str, Path]]:
     """The zip's members (name, file): the runtime (never its drivers) and the pipeline package."""
     members = []
     for src_root, prefix in (
@@ -177,17 +179,43 @@ def _members(package: Path | None) -> list[tuple[str, Path]]:
             if "__pycache__" in path.parts or path.name in NOT_FROZEN:
                 continue
             members.append((str(Path(prefix) / path.relative_to(src_root)), path))
-    if package is not None:
-        members += [(str(Path(package.name) / p.relative_to(package)), p) for p in _package_files(package)]
+    members += [(str(Path(package.name) / p.relative_to(package)), p) for p in _package_files(package)]
     return members
 
 
-def _version_settings(fail_at_start: bool, pipeline_module: str | None, batch_delay_s: float = 0.0) -> str:
-    """The version module after its first line (``VERSION = ...``): what else the driver is told."""
+def _version_settings(fail_at_start: bool, pipeline: dict, batch_delay_s: float = 0.0) -> str:
+    """The version module after its first line (``VERSION = ...``): what else the driver is told.
+    Relay's default pipeline is told to run as the instance's pipeline, on its topic (``AS_CONFIGURED``)."""
     settings = f"FAIL_AT_START = {fail_at_start!r}\n"
     if batch_delay_s:
         settings += f"BATCH_DELAY_S = {float(batch_delay_s)!r}\n"
-    return settings + (f"PIPELINE_MODULE = {pipeline_module!r}\n" if pipeline_module else "")
+    settings += f"PIPELINE_MODULE = {pipeline['module']!r}\n"
+    if pipeline.get(AS_CONFIGURED):
+        settings += "PIPELINE_AS_CONFIGURED = True\n"
+    return settings
+
+
+AS_CONFIGURED = "as_configured"
+"""``artifact.json``'s pipeline field set for Relay's default pipeline: it runs as whichever pipeline
+deploys it, on that pipeline's topic (the driver takes both from its instance and command line), so
+one version serves every pipeline without code, as one data dir's ``artifacts/`` is shared by them.
+Its recorded name and topics are the configuration's at build time."""
+
+
+def build_meta(config: RelayConfig, pipeline_code: Path | None = None) -> tuple[Path, dict]:
+    """(the package folder, its ``artifact.json`` description) of what a build freezes: the package
+    named, else ``config.pipeline_code``, else DEFAULT_PIPELINE_CODE under the configured pipeline
+    name and topic (so any configured pipeline without code runs the counter)."""
+    code = pipeline_code or config.pipeline_code
+    if code is not None:
+        return Path(code).resolve(), pipeline_meta(Path(code))
+    meta = pipeline_meta(DEFAULT_PIPELINE_CODE)
+    return DEFAULT_PIPELINE_CODE.resolve(), {
+        **meta,
+        "name": config.pipeline,
+        "topics": [config.topic],
+        AS_CONFIGURED: True,
+    }
 
 
 def _code_hash(members: list[tuple[str, bytes]], driver: Path) -> str:
@@ -208,15 +236,10 @@ def zip_code_hash(zip_file: Path, driver: Path) -> str:
 
 def current_code_hash(config: RelayConfig, pipeline_code: Path | None = None) -> str:
     """The ``code_hash`` a build from the code as it is now would record (nothing is built)."""
-    from relay.pipeline import module_path
-
-    code = pipeline_code or config.pipeline_code
-    package = Path(code).resolve() if code is not None else None
-    version_module = "VERSION = ''\n" + _version_settings(
-        False, module_path(package.name) if package else None
-    )
+    package, pipeline = build_meta(config, pipeline_code)
+    version_module = "VERSION = ''\n" + _version_settings(False, pipeline)
     members = [(name, path.read_bytes()) for name, path in _members(package)]
-    driver = PROJECT_ROOT / "spark_jobs" / (PIPELINE_DRIVER if package else REFERENCE_DRIVER)
+    driver = PROJECT_ROOT / "spark_jobs" / PIPELINE_DRIVER
     return _code_hash([*members, (VERSION_MODULE, version_module.encode())], driver)
 
 
@@ -282,7 +305,8 @@ def deploy_problems(config: RelayConfig, version: str, meta: dict | None) -> lis
     if not meta:
         return []
     problems = []
-    if meta["name"] != config.pipeline or meta["topics"] != [config.topic]:
+    named = not meta.get(AS_CONFIGURED)  # Relay's default pipeline runs as the configured one
+    if named and (meta["name"] != config.pipeline or meta["topics"] != [config.topic]):
         problems.append(
             f"version {version} is pipeline {meta['name']} on topic(s) {meta['topics']}, but Relay is "
             f"configured for pipeline {config.pipeline} on topic {config.topic}: set RELAY_PIPELINE and "

@@ -85,8 +85,8 @@ def cmd_audit(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 def cmd_checkpoint(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay import checkpoint
     from relay.ledger.store import Ledger
+    from relay.protocol import checkpoint
 
     path = a.path
     if path is None:
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pipeline-code",
         type=Path,
         help="a pipeline package folder (<pkg>/pipeline.py defines PIPELINE); default RELAY_PIPELINE_CODE, "
-        "else the reference job",
+        "else examples/counter (the seeds' counter) under the configured pipeline name and topic",
     )
     u = sub.add_parser("upgrade", help="blue-green upgrade to another version (resumes one in progress)")
     u.add_argument("--version", type=version_arg, required=True)

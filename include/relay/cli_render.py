@@ -122,10 +122,11 @@ def render_generic(console: Console, data: Any, title: str | None = None) -> Non
 
 
 def render_status(console: Console, s: Mapping[str, Any]) -> None:
+    counted = s.get("message_count")  # the counter's count; None for any other sink
+    applied = "" if counted is None else f"{counted:,} message(s) applied, "
     console.print(
         f"[bold]{s['pipeline']}[/] reads topic [bold]{s['topic']}[/]; ledger {s['ledger']}; "
-        f"{s['message_count']:,} message(s) applied, {s['dead_letters']:,} dead letter(s), "
-        f"{len(s.get('gaps') or [])} gap(s) declared"
+        f"{applied}{s['dead_letters']:,} dead letter(s), {len(s.get('gaps') or [])} gap(s) declared"
     )
     instances = list(s.get("instances") or [])
     if not instances:

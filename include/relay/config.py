@@ -104,7 +104,8 @@ class RelayConfig:
     spark_rest_secret: str = field(default="", repr=False)
     """The key itself (base64url), when it comes from a secret store (an Airflow connection)."""
     pipeline_code: Path | None = None
-    """The user's pipeline package folder ``relay build`` freezes (None: the reference job)."""
+    """The pipeline package folder ``relay build`` freezes (None: ``examples/counter``, the seeds'
+    counter, under this pipeline's name and topic: ``relay.artifacts.DEFAULT_PIPELINE_CODE``)."""
     keep_versions: int = 5
     """Artifacts kept after a build or an upgrade (newest first; running and rollback versions always)."""
     secret_env: tuple[str, ...] = ()

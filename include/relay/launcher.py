@@ -81,8 +81,8 @@ def submission_environment(
     the planner process it starts, and show in no log or command line); local mode passes it to the
     subprocess. Only the artifact's code on PYTHONPATH: the live tree must not shadow the version.
     It also names the batch settings the operator set (their values are on the command line, as
-    always): a variable, not a new flag, since the reference job and drivers an older Relay froze
-    into an artifact would refuse an unknown flag; they ignore the variable.
+    always): a variable, not a new flag, since drivers an older Relay froze into an artifact would
+    refuse an unknown flag; they ignore the variable.
     """
     env = {
         **driver_environment(config),

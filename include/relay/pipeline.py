@@ -63,7 +63,7 @@ class BatchContext:
     fence_check: Callable[[], None] = field(repr=False, compare=False, default=lambda: None)
     predecessors: Mapping[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
     """(topic, partition) -> instances that held the range before this one and died past their last
-    ledger commit (``relay.predecessors``): what they wrote there after it may already be in the
+    ledger commit (``relay.protocol.predecessors``): what they wrote there after it may already be in the
     target. Empty in the common case; see ForEachBatch's rule 5."""
 
     def check_fence(self) -> None:

@@ -1,4 +1,4 @@
-"""The seeds' KafkaApp: a counter producer for the reference pipeline.
+"""The seeds' KafkaApp: a counter producer for the counter pipeline (``examples/counter``).
 
 Key and value are the counter as text, so the default partitioner spreads records over partitions
 and every record says which number it carries. Records carry a ``relay-counter`` header: the next

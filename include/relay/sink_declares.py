@@ -96,6 +96,8 @@ def _call_values(cls: type, call: ast.Call, scope: dict) -> dict[str, Any] | Non
             values[name] = _literal(bound.arguments[name], scope)
         elif name in params and params[name].default is not inspect.Parameter.empty:
             values[name] = params[name].default
+        elif isinstance(getattr(cls, name, None), str):  # a class constant (the counter's table)
+            values[name] = getattr(cls, name)
     return {k: v for k, v in values.items() if v is not _UNKNOWN}
 
 

@@ -29,7 +29,7 @@ without help its first windows would be counted from the handoff on only. Relay'
    checkpoint) starts its source :func:`warm_up_before` its cursors: ``warm_up_s`` before the
    newest record below them, by Kafka timestamps. Those records are outside its leases: its tasks
    write none of them while Spark's state store takes them in, and its source caps each batch at
-   the cursor while it reads below it (``relay.source_guard``: ``warm_until``), so no batch holds
+   the cursor while it reads below it (``relay.protocol.guard``: ``warm_until``), so no batch holds
    records on both sides. From the cursor on it writes with a state as whole as the old
    instance's, and wins as the newer generation. After a recovery whose warm-up reaches below
    Kafka's earliest offset, the windows that straddle it are counted from what Kafka still holds.

@@ -10,6 +10,7 @@ from relay.config import RelayConfig, load_config, pipeline_names
 from relay.errors import LedgerNotFoundError
 from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.store import Ledger
+from relay.sinks.ledger_messages_tables import message_count
 
 
 def offsets_view(config: RelayConfig, ledger: Ledger | None = None) -> list[dict]:
@@ -53,7 +54,7 @@ def status_view(config: RelayConfig, ledger: Ledger | None = None, with_kafka: b
         "pipeline": config.pipeline,
         "topic": config.topic,
         "ledger": ledger.safe_url,
-        "message_count": ledger.message_count(config.pipeline),
+        "message_count": _counted(ledger, config.pipeline),
         "dead_letters": ledger.dead_letter_count(config.pipeline),
         "gaps": [g.to_json() for g in ledger.gaps(config.pipeline)],
         "instances": instances,
@@ -62,6 +63,12 @@ def status_view(config: RelayConfig, ledger: Ledger | None = None, with_kafka: b
     if with_kafka:
         out["offsets"] = offsets_view(config, ledger)
     return out
+
+
+def _counted(ledger: Ledger, pipeline: str) -> int | None:
+    """The counter's running count (None: the pipeline's sink is not the counter's, or it never ran)."""
+    with ledger.tx() as conn:
+        return message_count(conn, pipeline)
 
 
 def pipelines_view(env: Mapping[str, str] | None = None) -> dict:
@@ -100,7 +107,7 @@ def _pipeline_row(config: RelayConfig, ledger: Ledger | None, env: Mapping[str, 
     row: dict = {
         "pipeline": config.pipeline,
         "topic": config.topic,
-        "code": str(config.pipeline_code) if config.pipeline_code else "reference job",
+        "code": str(config.pipeline_code) if config.pipeline_code else "examples/counter (default)",
         "live_instances": [],
         "version": None,
         "state": None,

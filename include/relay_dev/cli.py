@@ -150,8 +150,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
         "--pipeline-code",
         type=Path,
         default=None,
-        help="a pipeline package run instead of the reference job (e.g. examples/counter: its sink records "
-        "each applied record in the ledger, where the deep audit counts them)",
+        help="a pipeline package run instead of the default, examples/counter (the seeds' counter, whose "
+        "sink records each applied record in the ledger, where the deep audit counts them)",
     )
     ch.add_argument(
         "--per-kind",

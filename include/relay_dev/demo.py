@@ -1,53 +1,26 @@
-"""The README's run command: ``examples/counter`` deployed through Airflow on the embedded stack.
+"""The README's run command: the counter (``examples/counter``) deployed through Airflow, embedded.
 
-Declares the counter as the embedded default's pipeline (``<data_dir>/pipelines.toml``, once, so the
-CLI and every DAG act on the same code), produces counter messages, triggers DAG ``relay_deploy``
-through Airflow's REST API, waits until every message is applied, and prints the audit and how to
-drive the other DAGs.
+The embedded default declares no pipeline code, so it runs Relay's default pipeline, the seeds'
+counter, under the configured pipeline name and topic (``relay.artifacts.DEFAULT_PIPELINE_CODE``).
+Produces counter messages, triggers DAG ``relay_deploy`` through Airflow's REST API, waits until
+every message is applied, and prints the audit and how to drive the other DAGs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
+from relay.artifacts import DEFAULT_PIPELINE_CODE
 from relay.audit import audit
-from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config import RelayConfig
 from relay.errors import OperationError
 from relay.ledger.store import Ledger
 from relay.operations.inventory import take_inventory
-from relay.pipelines_file import DEFAULT_FILE_NAME
 from relay.producer import produce
 from relay.status import offsets_view
 
 from relay_dev.airflow_local import base_url, passwords_file, trigger_dag_rest, wait_dag_run
-
-COUNTER_CODE = PROJECT_ROOT / "examples" / "counter"
-COUNTER_NAME = "experience"  # examples/counter's Pipeline name (the reference job's pipeline)
-
-
-def declare_counter(config: RelayConfig, progress: Callable[[str], None] = print) -> RelayConfig:
-    """Make ``examples/counter`` the embedded default's pipeline: a ``pipelines.toml`` in the data dir
-    that every later ``relay`` command and Airflow task reads. An operator's own choice is kept: a
-    pipelines file already there (or named by ``RELAY_PIPELINES_FILE``), or ``RELAY_PIPELINE_CODE``."""
-    path = config.data_dir / DEFAULT_FILE_NAME
-    if config.pipeline_code is not None or config.pipelines_file is not None or path.exists():
-        return config
-    if config.pipeline != COUNTER_NAME:
-        progress(f"pipeline {config.pipeline} is not the counter's ({COUNTER_NAME}): the reference job runs")
-        return config
-    path.write_text(
-        "# Written by `relay run-demo` (make run): the embedded default runs examples/counter, the\n"
-        "# reference job on the pipeline SDK (its executors write the ledger's messages table).\n"
-        f'default = "{COUNTER_NAME}"\n\n'
-        f"[pipelines.{COUNTER_NAME}]\n"
-        f'topic = "{config.topic}"\n'
-        f"partitions = {config.partitions}\n"
-        f'pipeline_code = "{COUNTER_CODE}"\n'
-    )
-    progress(f"declared pipeline {COUNTER_NAME} = {COUNTER_CODE} in {path}")
-    return dataclasses.replace(config, pipeline_code=COUNTER_CODE)
 
 
 def _caught_up(config: RelayConfig, ledger: Ledger) -> bool:
@@ -58,7 +31,6 @@ def _caught_up(config: RelayConfig, ledger: Ledger) -> bool:
 def run_demo(
     config: RelayConfig, count: int = 2000, timeout_s: float = 600, progress: Callable[[str], None] = print
 ) -> dict:
-    config = declare_counter(config, progress)
     ledger = Ledger(config.ledger_url)
     sent = produce(config.kafka_bootstrap, config.topic, count, None, partitions=config.partitions)
     progress(f"produced {sent['sent']} messages to {config.topic} (counters {sent['first']}..{sent['last']})")
@@ -86,5 +58,5 @@ def run_demo(
         '-d \'{"logical_date": null, "conf": {"dry_run": true}}\'\n'
         "relay status | relay audit | relay health | relay stop | make down"
     )
-    code = str(config.pipeline_code) if config.pipeline_code else "reference job"
+    code = str(config.pipeline_code or DEFAULT_PIPELINE_CODE)
     return {"produced": sent, "code": code, "deploy_run": run.get("state"), "audit": report.to_json()}

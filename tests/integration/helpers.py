@@ -209,15 +209,13 @@ def run_dag_test(config: RelayConfig, dag_id: str, conf: dict) -> tuple[str, str
 
 
 def versions_by_offset(ledger: Ledger, pipeline: str) -> dict[tuple[int, int], str]:
-    """Which version applied each (partition, offset) of the counter job (its messages table)."""
-    from relay.ledger import schema as s
+    """Which version applied each (partition, offset) of the counter (its sink's messages table)."""
+    from relay.sinks.ledger_messages_tables import messages as m
     from sqlalchemy import select
 
     with ledger.tx() as conn:
         rows = conn.execute(
-            select(s.messages.c.partition, s.messages.c.offset, s.messages.c.version).where(
-                s.messages.c.pipeline == pipeline
-            )
+            select(m.c.partition, m.c.offset, m.c.version).where(m.c.pipeline == pipeline)
         ).all()
     return {(p, o): v for p, o, v in rows}
 

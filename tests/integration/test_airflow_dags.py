@@ -36,6 +36,7 @@ from relay_dev.airflow_local import (
 from relay_dev.stack import session_pids
 
 from tests.conftest import free_port, wait_for
+from tests.counter_batches import counted
 from tests.integration.helpers import caught_up, dag_test
 
 pytestmark = pytest.mark.integration
@@ -163,7 +164,7 @@ def _ledger_state(ledger: Ledger, pipeline: str) -> tuple:
         [g.to_json() for g in ledger.gaps(pipeline)],
         [i.to_json() for i in ledger.instances(pipeline)],
         ledger.operations(pipeline),
-        ledger.message_count(pipeline),
+        counted(ledger, pipeline),
     )
 
 

@@ -44,8 +44,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from relay.artifacts import DEFAULT_PIPELINE_CODE, artifact
 from relay.config import RelayConfig, load_config
-from relay.config_env import config_env
 from relay.ledger.store import Ledger
 from relay.operations.inventory import take_inventory
 from relay_dev.airflow_local import (
@@ -56,7 +56,7 @@ from relay_dev.airflow_local import (
     trigger_dag_rest,
     wait_dag_run,
 )
-from relay_dev.demo import COUNTER_CODE, run_demo
+from relay_dev.demo import run_demo
 from relay_dev.stack import LocalStack
 
 from tests.airflow_ui import (
@@ -204,8 +204,8 @@ def demo_stack() -> Iterator[DemoStack]:
         wait_dags_registered(base_url(config), admin_password(config))
         demo = run_demo(config, progress=log.info)  # `relay run-demo`
         assert demo["deploy_run"] == "success" and demo["audit"]["ok"], demo
-        assert demo["code"] == str(COUNTER_CODE), demo  # make run deploys examples/counter
-        assert load_config(config_env(config)).pipeline_code == COUNTER_CODE  # so do later commands
+        assert demo["code"] == str(DEFAULT_PIPELINE_CODE), demo  # make run deploys examples/counter
+        assert artifact(config, "v1").pipeline["module"] == "counter.pipeline"  # what relay_deploy built
         print(
             f"make run's steps: stack up in {up.get('seconds')} s, Airflow healthy in "
             f"{started.get('seconds')} s, the demo deployed and caught up; {time.monotonic() - t0:.0f} s"

@@ -20,13 +20,14 @@ from relay.cli import main
 from relay.config import RelayConfig, load_config
 from relay.errors import KafkaError
 from relay.kafka_offsets import KafkaOffsets
-from relay.ledger import schema as s
 from relay.ledger.snapshot import read_snapshot
 from relay.ledger.store import Ledger
+from relay.sinks import ledger_messages_tables as counter_tables
 from relay_dev.stack import LocalStack, Part
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for
+from tests.counter_batches import counted
 from tests.integration.conftest import private_data_dir, stack_env
 from tests.ledger_builder import LedgerBuilder
 
@@ -248,11 +249,12 @@ def test_audit_snapshot_on_postgres_is_read_only_and_does_not_see_a_concurrent_c
     b = LedgerBuilder(ledger, cfg.pipeline, cfg.topic)
     inst = b.instance()
     b.rows(inst, 0, range(3))
-    count = select(func.count()).select_from(s.messages).where(s.messages.c.pipeline == cfg.pipeline)
+    m = counter_tables.messages
+    count = select(func.count()).select_from(m).where(m.c.pipeline == cfg.pipeline)
     with read_snapshot(ledger) as conn:
         assert conn.exec_driver_sql("SHOW transaction_read_only").scalar() == "on"
         before = conn.execute(count).scalar_one()
         b.rows(inst, 0, [3])
         during = conn.execute(count).scalar_one()
-    assert (before, during, ledger.message_count(cfg.pipeline)) == (3, 3, 4)
+    assert (before, during, counted(ledger, cfg.pipeline)) == (3, 3, 4)
     ledger.close()

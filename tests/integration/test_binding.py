@@ -15,12 +15,12 @@ from relay.audit import audit
 from relay.config import RelayConfig
 from relay.health import Level, run_health
 from relay.launcher import launch, spark_client
-from relay.ledger import schema as s
 from relay.ledger.models import AttemptState, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.producer import produce
+from relay.sinks import ledger_messages_tables as counter_tables
 from relay.spark_rest import DriverState
 from relay_dev.stack import LocalStack, Part, pid_alive
 from sqlalchemy import func, select
@@ -33,11 +33,10 @@ pytestmark = pytest.mark.integration
 
 def writers(ledger: Ledger, pipeline: str) -> dict[int, int]:
     """Rows written per instance: a copy that slipped through would show up here."""
+    m = counter_tables.messages
     with ledger.tx() as conn:
         rows = conn.execute(
-            select(s.messages.c.instance_id, func.count())
-            .where(s.messages.c.pipeline == pipeline)
-            .group_by(s.messages.c.instance_id)
+            select(m.c.instance_id, func.count()).where(m.c.pipeline == pipeline).group_by(m.c.instance_id)
         ).all()
     return {int(i): int(n) for i, n in rows}
 

@@ -7,7 +7,6 @@ import signal
 import threading
 
 import pytest
-from relay import checkpoint
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError
@@ -19,9 +18,11 @@ from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.producer import produce
+from relay.protocol import checkpoint
 from relay.spark_rest import DriverState
 
 from tests.conftest import wait_for
+from tests.counter_batches import counted
 from tests.integration.helpers import caught_up, python_driver_pid, wait_relaunched
 
 pytestmark = pytest.mark.integration
@@ -104,7 +105,7 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     assert f"data loss on {cfg.topic}[0]" in message
     assert f"needed offset {cursor0}" in message and f"earliest available is {latest[0]}" in message
     assert f"{latest[0] - cursor0} record(s) are gone" in message
-    assert ledger.message_count(cfg.pipeline) == 20300
+    assert counted(ledger, cfg.pipeline) == 20300
     failed = ledger.instances(cfg.pipeline)[-1]
     assert failed.state is InstanceState.FAILED and failed.id != second["instance_id"]
     wait_for(
@@ -156,7 +157,7 @@ def test_driver_with_bad_arguments_is_not_relaunched(stack: RelayConfig) -> None
     from relay.driver_properties import driver_environment, driver_properties
 
     client = spark_client(stack)
-    job = str(stack.data_dir.parent.parent.parent / "spark_jobs" / "reference_job.py")
+    job = str(stack.data_dir.parent.parent.parent / "spark_jobs" / "pipeline_driver.py")
     props = driver_properties(stack, "relay-badargs-1", supervise=True, py_files=[])
     before = client.master_state()
     apps_before = {a.id for a in [*before.active_apps, *before.completed_apps]}

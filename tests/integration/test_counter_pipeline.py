@@ -1,10 +1,10 @@
-"""examples/counter on real parts: noida-db, the Spark cluster, the ledger (SQLite; PostgreSQL in
-``make test-long``), with a Spark task and the driver killed at the worst moments.
+"""examples/counter, Relay's default pipeline (built without pipeline code, under the test's own
+pipeline name and topic), on real parts: noida-db, the Spark cluster, the ledger (SQLite; PostgreSQL
+in ``make test-long``), with a Spark task and the driver killed at the worst moments.
 
-The counter is the reference job on the pipeline SDK: the executors write one ``messages`` row per
-record into the ledger (dead letters for poison keys) through LedgerMessagesSink; the driver only
-moves cursors. Two faults, each armed once (``relay.crashpoints``: the first process to get there
-exits hard):
+The executors write one ``messages`` row per record (its sink's table, in the ledger's database;
+dead letters for poison keys) through LedgerMessagesSink; the driver only moves cursors. Two
+faults, each armed once (``relay.crashpoints``: the first process to get there exits hard):
 
 - a Spark task dies inside its sink transaction, rows and ranges sent, no COMMIT (Spark retries it);
 - the driver dies after its tasks committed a batch in the sink, before the ledger commit (the
@@ -14,8 +14,8 @@ Then a blue-green upgrade under load: green's warm-up batch hands the topic's ta
 applied) to the real sink, which must skip every one of them (the table keeps no unique key, so a
 write would show as a second row for an offset).
 
-Then the reference job's deep audit (every Kafka record has exactly one ``messages`` row or dead
-letter, counted per offset) must be clean and ``message_count`` equal to the records produced.
+Then the deep audit (every Kafka record has exactly one ``messages`` row or dead letter, counted per
+offset) must be clean and the counter's count equal to the records produced.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from relay.artifacts import build_artifact
 from relay.audit import audit, render
-from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config import RelayConfig
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
@@ -36,34 +36,33 @@ from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
 from relay.producer import produce
+from relay.sinks import ledger_messages_tables as counter_tables
 from relay.sinks.ledger_messages import CRASH_BEFORE_COMMIT
 from relay_dev.bench.context import driver_stdout
 from sqlalchemy import func, select
 
 from tests.conftest import wait_for
-from tests.integration.helpers import Load, caught_up, example_package, pipeline_run, wait_relaunched
+from tests.integration.helpers import Load, caught_up, pipeline_run, wait_relaunched
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = PROJECT_ROOT / "examples" / "counter"
 DRIVER_CRASH = "pipeline.before_ledger_commit"  # spark_jobs/pipeline_driver.CRASH_BEFORE_LEDGER_COMMIT
 
 
 @pytest.fixture()
-def counter(
-    pipeline_config: RelayConfig, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[RelayConfig, Path]]:
+def counter(pipeline_config: RelayConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[RelayConfig]:
     cfg = pipeline_config
+    assert cfg.pipeline_code is None  # Relay's default pipeline: the counter
     folder = cfg.data_dir / f"{cfg.pipeline}-project"
     (folder / "faults").mkdir(parents=True)
     monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(folder / "faults"))  # forwarded to drivers and executors
     with pipeline_run(cfg):
-        yield cfg, example_package(EXAMPLE, folder, cfg, "experience")
+        yield cfg
 
 
 def written_past_commit(ledger: Ledger, cfg: RelayConfig, epoch: int) -> list[int]:
     """Partitions where the attempt of ``epoch`` recorded sink ranges past its last ledger commit."""
-    r, b = s.message_ranges, s.batches
+    r, b = counter_tables.message_ranges, s.batches
     with ledger.tx() as conn:
         sunk = dict(
             conn.execute(
@@ -82,15 +81,16 @@ def written_past_commit(ledger: Ledger, cfg: RelayConfig, epoch: int) -> list[in
 
 
 def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
-    counter: tuple[RelayConfig, Path],
+    counter: RelayConfig,
 ) -> None:
-    cfg, package = counter
+    cfg = counter
     faults = Path(os.environ[CRASH_ONCE_DIR_ENV])
     ledger = Ledger(cfg.ledger_url)
     v1, v2 = f"{cfg.pipeline}-c1", f"{cfg.pipeline}-c2"  # artifacts are per stack: one name per variant
-    art = build_artifact(cfg, v1, pipeline_code=package)
-    assert art.job_file.name == "pipeline_driver.py"
+    art = build_artifact(cfg, v1)  # no pipeline code: the counter, as this test's pipeline and topic
+    assert art.job_file.name == "pipeline_driver.py" and art.pipeline["module"] == "counter.pipeline"
     assert art.pipeline["sink_declares"]["type"] == "LedgerMessagesSink"
+    assert (art.pipeline["name"], art.pipeline["topics"]) == (cfg.pipeline, [cfg.topic])
 
     # A Spark task dies inside its sink transaction: Spark retries it, the driver never notices.
     arm_once(str(faults), CRASH_BEFORE_COMMIT)
@@ -111,7 +111,7 @@ def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
     assert written_past_commit(ledger, cfg, first.epoch), "the driver died before its tasks wrote"
 
     # Blue-green under load: green rehearses a batch over the tail blue applied, writing none of it.
-    build_artifact(cfg, v2, pipeline_code=package)
+    build_artifact(cfg, v2)
     with Load(cfg) as load:
         result = upgrade(cfg, v2, grace_s=240, drain_timeout_s=240)
     assert result["state"] == UpgradeState.DONE.value, result
@@ -134,7 +134,7 @@ def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
     assert report.message_count == report.applied_rows == produced  # the seeds' count check
     assert audit(cfg, ledger).ok  # the committed batch ranges agree
     with ledger.tx() as conn:
-        m = s.messages
+        m = counter_tables.messages
         per_offset = (
             select(m.c.partition, m.c.offset)
             .where(m.c.pipeline == cfg.pipeline)

@@ -27,7 +27,7 @@ from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps
 from relay.operations.upgrade import ALL_TERMINAL, UpgradeState
 from relay.operations.upgrade_steps import _handoff
-from relay.source_guard import SourceGuard, plan_under_guard
+from relay.protocol.guard import SourceGuard, plan_under_guard
 from sqlalchemy import text
 
 from tests.conftest import wait_for

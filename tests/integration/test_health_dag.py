@@ -8,11 +8,11 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from relay.config import RelayConfig
 from relay.launcher import spark_client
-from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.producer import produce
+from relay.sinks import ledger_messages_tables as counter_tables
 from relay_dev.airflow_local import ensure_airflow_db
 from sqlalchemy import func, select
 
@@ -51,7 +51,9 @@ def test_rogue_application_fails_health_and_never_writes_then_lag_is_exact(stack
         spark_client(cfg).kill(copy)
     with ledger.tx() as conn:  # neither copy was allowed to write
         writers = conn.execute(
-            select(s.messages.c.instance_id, func.count()).group_by(s.messages.c.instance_id)
+            select(counter_tables.messages.c.instance_id, func.count()).group_by(
+                counter_tables.messages.c.instance_id
+            )
         ).all()
     assert [w[0] for w in writers] == [inst.id]
     assert ledger.instance(inst.id).current_epoch == ledger.attempts(inst.id)[-1].epoch

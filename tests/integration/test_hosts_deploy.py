@@ -1,6 +1,6 @@
-"""Issue #14's acceptance: Relay deploys, upgrades blue-green and recovers its reference job on the
-namespace cluster, survives the loss of the driver's worker host, and nothing is read from the
-submitter's disk.
+"""Issue #14's acceptance: Relay deploys, upgrades blue-green and recovers the counter (its default
+pipeline) on the namespace cluster, survives the loss of the driver's worker host, and nothing is
+read from the submitter's disk.
 
 From the client host with exactly the settings README "Running on a real cluster" lists
 (``hosts.Layout.client_config``: PostgreSQL ledger on its own host, artifacts in the ledger,
@@ -54,7 +54,7 @@ def relay(cluster: NamespaceCluster, env: dict[str, str], *args: str, timeout: f
 
 
 PIPELINES_FILE = """\
-# The reference job with two executor cores: one executor on each worker (Spark spreads them).
+# The counter with two executor cores: one executor on each worker (Spark spreads them).
 [pipelines.experience]
 topic = "experience"
 partitions = 3

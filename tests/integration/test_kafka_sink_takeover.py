@@ -2,7 +2,7 @@
 
 Instance A (id 1) commits a Kafka transaction for source offsets past its ledger cursor, then dies
 before the ledger commit; instance B (id 2) gets the lease continuing at A's cursor, with A as its
-predecessor (``relay.predecessors``). Every assertion reads the WHOLE output topic read_committed.
+predecessor (``relay.protocol.predecessors``). Every assertion reads the WHOLE output topic read_committed.
 The broker and helpers are those of test_kafka_transactional_sink (one private broker per module).
 """
 

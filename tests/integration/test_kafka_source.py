@@ -426,10 +426,10 @@ def test_guard_stop_and_caps(
     def plan_under_guard(ledger_url: str, instance_id: int, plan: Callable[[_Guard], Any]) -> Any:
         return plan(read_source_guard(ledger_url, instance_id))  # the real one also records the plan
 
-    fake = types.ModuleType("relay.source_guard")
+    fake = types.ModuleType("relay.protocol.guard")
     fake.read_source_guard = read_source_guard  # type: ignore[attr-defined]
     fake.plan_under_guard = plan_under_guard  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "relay.source_guard", fake)
+    monkeypatch.setitem(sys.modules, "relay.protocol.guard", fake)
 
     # option keys arrive lower-cased from Spark; the URL comes from the variable the option names
     monkeypatch.setenv("RELAY_TEST_LEDGER", "sqlite:///x")

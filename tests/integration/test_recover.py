@@ -21,6 +21,7 @@ from relay.status import offsets_view
 from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
+from tests.counter_batches import counted
 from tests.integration.helpers import caught_up, dag_test
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,7 @@ def ledger_snapshot(ledger: Ledger, pipeline: str) -> tuple:
         [lease.to_json() for lease in ledger.pipeline_leases(pipeline)],
         [g.to_json() for g in ledger.gaps(pipeline)],
         [i.to_json() for i in ledger.instances(pipeline)],
-        ledger.message_count(pipeline),
+        counted(ledger, pipeline),
     )
 
 

@@ -204,7 +204,9 @@ def test_ledger_password_shows_in_no_command_line_log_or_status(
         # Positive control: the URL, password included, is in the Python driver's environment.
         driver_dir = cfg.spark_dir / "work" / driver
         pids = [
-            p for p in _pids_running("reference_job.py", f"--instance-id {inst.id}") if _cwd(p) == driver_dir
+            p
+            for p in _pids_running("pipeline_driver.py", f"--instance-id {inst.id}")
+            if _cwd(p) == driver_dir
         ]
         assert pids and all(f"RELAY_LEDGER_URL={url}".encode() in _environ(p) for p in pids)
         assert (driver_dir / "stderr").stat().st_size > 0

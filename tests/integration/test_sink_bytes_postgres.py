@@ -1,8 +1,8 @@
-"""The reference sink on a PostgreSQL ledger: values PostgreSQL text cannot hold are kept as bytes.
+"""The counter's sink on a PostgreSQL ledger: values PostgreSQL text cannot hold are kept as bytes.
 
-Before ledger schema v3 a value with a NUL byte (valid UTF-8) failed the whole batch on PostgreSQL
-("A string literal cannot contain NUL"), so one such record stopped the pipeline; non-UTF-8 values
-were stored with replacement characters.
+A value with a NUL byte (valid UTF-8) once failed the whole batch on PostgreSQL ("A string literal
+cannot contain NUL"), so one such record stopped the pipeline; non-UTF-8 values were stored with
+replacement characters. The batch runs as the pipeline driver runs it (``tests/counter_batches.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import pytest
 from relay.ledger import schema as s
 from relay.ledger.models import Color
 from relay.ledger.store import Ledger
-from relay.protocol import Record, commit_batch
-from relay.reference_sink import ReferenceSink
+from relay.sinks.ledger_messages import dispose_engines
+from relay.sinks.ledger_messages_tables import messages
 from sqlalchemy import select
+
+from tests.counter_batches import counter_batch, row
 
 pytestmark = pytest.mark.integration
 
@@ -30,11 +32,12 @@ def test_values_round_trip_byte_for_byte_on_postgres(postgres_url: str) -> None:
         if not ledger.take_over(conn, pipeline, inst):
             ledger.open_lease(conn, inst, topic, 0, 0)
     att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
-    records = [Record(topic, 0, i, str(i).encode(), v) for i, v in enumerate(VALUES)]
-    records.append(Record(topic, 0, len(VALUES), b"\x00", b"\x00"))  # poison with a NUL key
-    result = commit_batch(ledger, att, 0, None, {topic: {0: len(records)}}, records, ReferenceSink("v1"))
-    assert (result.rows_applied, result.dead_letters) == (len(VALUES), 1)
-    m, d = s.messages, s.dead_letters
+    records = [{**row(topic, 0, i), "value": v} for i, v in enumerate(VALUES)]
+    records.append(row(topic, 0, len(VALUES), b"\x00", b"\x00"))  # poison with a NUL key
+    result = counter_batch(ledger, att, 0, None, {topic: {0: len(records)}}, records)
+    dispose_engines()
+    assert (result.rows_read, result.rows_applied) == (len(VALUES) + 1, len(VALUES))
+    m, d = messages, s.dead_letters
     with ledger.tx() as conn:
         rows = conn.execute(
             select(m.c.value, m.c.value_bytes).where(m.c.pipeline == pipeline).order_by(m.c.offset)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from relay.ledger.store import Ledger
+from relay.sinks.ledger_messages import dispose_engines
 
 
 @pytest.fixture()
@@ -15,3 +16,4 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
     led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
     yield led
     led.close()
+    dispose_engines()  # the counter's sink keeps an engine per URL (tests/counter_batches.py)

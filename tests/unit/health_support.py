@@ -19,9 +19,9 @@ from relay.ledger import schema as s
 from relay.ledger.models import Attempt, Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory
-from relay.protocol import Record, commit_batch
-from relay.reference_sink import ReferenceSink
 from relay.spark_rest import AppState, SparkApp
+
+from tests.counter_batches import counter_batch, row
 
 T = "events"
 P = "p"
@@ -111,14 +111,12 @@ def batch(
     poison: int = 0,
     started_at: float | None = None,
 ) -> None:
-    """One real batch through the commit protocol (keys are counters; ``poison`` negative keys)."""
-    records = [Record(T, p, o, str(o).encode(), b"v") for p in end for o in range(start[p], end[p])]
+    """One real batch of the counter through the commit protocol (keys are counters; ``poison``
+    negative keys)."""
+    records = [row(T, p, o, value=b"v") for p in end for o in range(start[p], end[p])]
     for i in range(poison):
-        p = next(iter(end))
-        records[i] = Record(T, p, records[i].offset, b"-1", b"bad")
-    commit_batch(
-        ledger, attempt, batch_id, {T: start}, {T: end}, records, ReferenceSink("v1"), started_at=started_at
-    )
+        records[i] = row(T, records[i]["partition"], records[i]["offset"], b"-1", b"bad")
+    counter_batch(ledger, attempt, batch_id, {T: start}, {T: end}, records, started_at=started_at)
 
 
 def app(inst_id: int | str, pipeline: str = P) -> SparkApp:

@@ -74,7 +74,7 @@ def test_fresh_and_migrated_ledgers_have_the_artifacts_table(tmp_path: Path, led
 def test_publish_stores_once_and_replaces_a_rebuilt_version(config: RelayConfig, ledger: Ledger) -> None:
     art = build_artifact(config, "v1")
     first = publish(ledger, config.pipeline, art)
-    assert first.code_hash == art.code_hash() and first.driver == "reference_job.py"
+    assert first.code_hash == art.code_hash() and first.driver == "pipeline_driver.py"
     assert first.size == art.zip_file.stat().st_size
     assert publish(ledger, config.pipeline, art) == first  # same code: row untouched
     rebuilt = build_artifact(config, "v1", force=True, fail_at_start=True)

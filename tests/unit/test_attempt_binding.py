@@ -12,13 +12,14 @@ from relay.ledger import schema as s
 from relay.ledger.models import AttemptState, Color, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import current_version
-from relay.protocol import Record, commit_batch
-from relay.reference_sink import ReferenceSink
 
 from tests.conftest import free_port
+from tests.counter_batches import counter_batch, row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark_jobs"))
-import reference_job  # noqa: E402
+import pipeline_driver  # noqa: E402
+from driver_inputs import LEDGER_URL_ENV  # noqa: E402
+from driver_runtime import EXIT_OK, EXIT_RETRY, LAUNCH_TOKEN_ENV  # noqa: E402
 
 T = "experience"
 
@@ -33,8 +34,8 @@ def new_instance(ledger: Ledger, version: str = "v1"):
 
 def one_batch(ledger: Ledger, attempt, end: int) -> None:
     start = ledger.leases(attempt.instance_id)[-1].next_offset
-    rows = [Record(T, 0, o, str(o).encode(), b"x") for o in range(start, end)]
-    commit_batch(ledger, attempt, 0, {T: {0: start}}, {T: {0: end}}, rows, ReferenceSink("v"))
+    rows = [row(T, 0, o) for o in range(start, end)]
+    counter_batch(ledger, attempt, 0, {T: {0: start}}, {T: {0: end}}, rows)
 
 
 def test_a_copy_without_the_token_changes_nothing(ledger):
@@ -130,24 +131,24 @@ def driver_argv(instance_id: int) -> list[str]:
 def test_driver_exit_codes_retry_only_what_a_relaunch_can_fix(ledger, monkeypatch):
     # Unreachable ledger at start: transient, exit 1 so that the master relaunches it.
     unreachable = f"postgresql+psycopg2://relay:x@127.0.0.1:{free_port()}/relay"
-    monkeypatch.setenv(reference_job.LEDGER_URL_ENV, unreachable)
-    assert reference_job.main(driver_argv(1)) == reference_job.EXIT_RETRY
+    monkeypatch.setenv(LEDGER_URL_ENV, unreachable)
+    assert pipeline_driver.main(driver_argv(1)) == EXIT_RETRY
     # No ledger URL in the environment, or one naming no ledger: exit 0, and nothing is created.
-    monkeypatch.delenv(reference_job.LEDGER_URL_ENV)
-    assert reference_job.main(driver_argv(1)) == reference_job.EXIT_OK
+    monkeypatch.delenv(LEDGER_URL_ENV)
+    assert pipeline_driver.main(driver_argv(1)) == EXIT_OK
     missing = ledger.url.replace("ledger.db", "typo.db")
-    monkeypatch.setenv(reference_job.LEDGER_URL_ENV, missing)
-    assert reference_job.main(driver_argv(1)) == reference_job.EXIT_OK
+    monkeypatch.setenv(LEDGER_URL_ENV, missing)
+    assert pipeline_driver.main(driver_argv(1)) == EXIT_OK
     assert not Path(missing.removeprefix("sqlite:///")).exists()
     # No such instance, a copy without the token, a stopped instance: exit 0, never relaunched.
-    monkeypatch.setenv(reference_job.LEDGER_URL_ENV, ledger.url)
-    assert reference_job.main(driver_argv(999)) == reference_job.EXIT_OK
+    monkeypatch.setenv(LEDGER_URL_ENV, ledger.url)
+    assert pipeline_driver.main(driver_argv(999)) == EXIT_OK
     inst = new_instance(ledger)
     token = ledger.issue_launch_token(inst.id)
-    monkeypatch.delenv(reference_job.LAUNCH_TOKEN_ENV, raising=False)
-    assert reference_job.main(driver_argv(inst.id)) == reference_job.EXIT_OK
+    monkeypatch.delenv(LAUNCH_TOKEN_ENV, raising=False)
+    assert pipeline_driver.main(driver_argv(inst.id)) == EXIT_OK
     assert len(ledger.refusals("p")) == 1 and ledger.attempts(inst.id) == []
-    monkeypatch.setenv(reference_job.LAUNCH_TOKEN_ENV, token)
+    monkeypatch.setenv(LAUNCH_TOKEN_ENV, token)
     ledger.set_instance(inst.id, state=InstanceState.STOPPED)
-    assert reference_job.main(driver_argv(inst.id)) == reference_job.EXIT_OK
+    assert pipeline_driver.main(driver_argv(inst.id)) == EXIT_OK
     assert ledger.attempts(inst.id) == [] and ledger.instance(inst.id).state is InstanceState.STOPPED

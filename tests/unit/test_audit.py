@@ -16,8 +16,10 @@ from relay.errors import LedgerError
 from relay.ledger import schema as s
 from relay.ledger.snapshot import read_snapshot
 from relay.ledger.store import Ledger
+from relay.sinks import ledger_messages_tables as counter
 from sqlalchemy import func, select
 
+from tests.counter_batches import counted
 from tests.ledger_builder import LedgerBuilder
 
 P, T = "p", "t"
@@ -182,9 +184,20 @@ def test_sink_count_different_from_its_rows_is_not_ok(ledger, b):
     b.lease(inst, 0, 0, 3)
     b.rows(inst, 0, range(3))
     with ledger.tx() as conn:
-        conn.execute(s.pipelines.update().values(message_count=4))
+        conn.execute(counter.counter_totals.update().values(message_count=4))
     report = run(ledger, {0: 3})
     assert not report.ok and "differs from its rows" in report.notes[-1]
+
+
+def test_a_ledger_where_the_counter_never_ran_has_none_of_its_tables_and_audits_all_the_same(ledger, b):
+    inst = b.instance()
+    b.lease(inst, 0, 0, 0)  # another sink's pipeline, nothing committed yet
+    with ledger.tx() as conn:
+        assert not counter.tables_exist(conn)
+    for records in (None, {0: list(range(5))}):
+        report = run(ledger, {0: 5}, records=records)
+        assert report.ok and report.totals["unread"] == 5, report.to_json()
+        assert report.message_count == report.applied_rows == 0
 
 
 def test_deep_tells_offsets_without_a_record_from_missing_records(ledger, b):
@@ -231,12 +244,12 @@ def test_audit_snapshot_neither_blocks_nor_sees_a_concurrent_commit(ledger, b):
     inst = b.instance()
     b.lease(inst, 0, 0, 3)
     b.rows(inst, 0, range(3))
-    count = select(func.count()).select_from(s.messages)
+    count = select(func.count()).select_from(counter.messages)
     with read_snapshot(ledger) as conn:
         before = conn.execute(count).scalar_one()
         b.rows(inst, 0, [3])  # a commit while the audit reads (would wait 60 s on a held write lock)
         during = conn.execute(count).scalar_one()
-    assert (before, during, ledger.message_count(P)) == (3, 3, 4)
+    assert (before, during, counted(ledger, P)) == (3, 3, 4)
     with pytest.raises(LedgerError, match="readonly"), read_snapshot(ledger) as conn:
         conn.execute(s.gaps.delete())
 
@@ -246,7 +259,13 @@ def test_shallow_audit_of_a_million_offsets_takes_seconds(ledger, b):
     inst = b.instance()
     n = 1_000_000
     b.lease(inst, 0, 0, n)
+    b.rows(inst, 0, [])  # the counter's tables, as its sink creates them
     with ledger.tx() as conn:  # 10^6 sink rows in one statement, minus a missing range, plus a duplicate
+        conn.exec_driver_sql(
+            "INSERT INTO message_ranges (pipeline, topic, partition, start_offset, end_offset, instance_id, "
+            "epoch, batch_id, created_at) VALUES (?, ?, 0, 0, ?, ?, 1, 0, 0)",
+            (P, T, n, inst.id),
+        )
         conn.exec_driver_sql(
             'INSERT INTO messages (pipeline, topic, partition, "offset", key, value, instance_id, version, '
             "batch_id) WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c WHERE x < ?) "

@@ -1,5 +1,5 @@
 """Batch size and trigger: the operator's setting (pipelines file, RELAY_* variable) beats the
-package's value, which beats Relay's default; the reference job gets exactly what it always got."""
+package's value, which beats Relay's default; the driver's command line carries no new flag."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pipeline_driver
 import pytest
-import reference_job
 from pipeline_driver import PipelineDriver
 from relay.config import RelayConfig, load_config
 from relay.launcher import driver_args, operator_limits, submission_environment
@@ -127,8 +126,8 @@ def test_the_launcher_passes_the_values_always_and_names_the_operators(
     assert submission_environment(cfg, "/code.zip", "tok")[OPERATOR_LIMITS_ENV] == declared
 
 
-def test_the_reference_job_gets_the_command_line_it_always_got(tmp_path: Path) -> None:
-    """No new flag (its parser, and drivers frozen by an older Relay, would refuse one)."""
+def test_the_driver_gets_the_command_line_it_always_got(tmp_path: Path) -> None:
+    """No new flag (drivers frozen by an older Relay would refuse one)."""
     cfg = config(tmp_path, "max_offsets_per_trigger = 500\n", RELAY_TRIGGER_SECONDS="3")
     argv = driver_args(cfg, INSTANCE, supervised=True)
     assert argv == [
@@ -144,7 +143,7 @@ def test_the_reference_job_gets_the_command_line_it_always_got(tmp_path: Path) -
         "3.0",
         "--supervised",
     ]
-    args = reference_job.parse_args(argv)
+    args = pipeline_driver.parse_args(argv)
     assert (args.max_offsets_per_trigger, args.trigger_seconds) == (500, 3.0)
     programmatic = RelayConfig(data_dir=tmp_path).with_(max_offsets_per_trigger=5000)  # tests, bench
     assert values(driver_args(programmatic, INSTANCE, supervised=True)) == ("5000", "1.0")

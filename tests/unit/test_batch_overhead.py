@@ -2,7 +2,7 @@
 
 - the source's ``reportLatestOffset`` (Spark calls it right after ``latestOffset`` in every trigger,
   for the progress' lag only) reuses the broker end offsets ``latestOffset`` just read, once;
-- ``prepare_tasks``/``commit_cursors``/``commit_batch`` read the pipeline's leases (to adopt a
+- ``prepare_tasks``/``commit_cursors`` read the pipeline's leases (to adopt a
   partition added to the topic) only when the instance's own leases do not cover the batch.
 """
 

@@ -127,7 +127,10 @@ def test_throughput_without_batches_or_not_reaching_latest() -> None:
         (["/usr/lib/jvm/bin/java", "org.apache.spark.executor.CoarseGrainedExecutorBackend"], "executor_jvm"),
         (["java", "org.apache.spark.deploy.master.Master", "--host"], "spark_master"),
         (["java", "org.apache.spark.deploy.worker.Worker"], "spark_worker"),
-        (["/venv/bin/python", "/data/artifacts/v1/reference_job.py", "--instance-id", "1"], "python_driver"),
+        (
+            ["/venv/bin/python", "/data/artifacts/v1/pipeline_driver.py", "--instance-id", "7"],
+            "python_driver",
+        ),
         (["/venv/bin/python", "-m", "pyspark.daemon"], "python_workers"),
         (["/site-packages/noida_db/noida-db", "start", "--only", "kafka"], "kafka"),
         ([], "other"),

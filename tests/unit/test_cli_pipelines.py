@@ -96,7 +96,7 @@ def test_pipelines_lists_each_declared_pipeline_with_its_ledger_state(
     assert experience == {
         "pipeline": "experience",
         "topic": "experience",
-        "code": "reference job",
+        "code": "examples/counter (default)",
         "live_instances": [live[0].id],
         "version": "v1",
         "state": "ACTIVE",
@@ -132,7 +132,12 @@ def test_the_table_says_where_the_pipelines_come_from_and_why_state_is_missing()
         "default": "experience",
         "note": "no ledger at sqlite:///x",
         "pipelines": [
-            {"pipeline": "experience", "topic": "experience", "code": "reference job", "default": True}
+            {
+                "pipeline": "experience",
+                "topic": "experience",
+                "code": "examples/counter (default)",
+                "default": True,
+            }
         ],
     }
     out = io.StringIO()

@@ -100,7 +100,7 @@ def test_a_named_file_must_exist_and_relative_paths_follow_it(tmp_path: Path) ->
     assert config.pipelines_file == path and config.pipeline_code == elsewhere / "pkg"
 
 
-def test_the_example_file_declares_the_reference_job_json_upsert_and_window_counts(tmp_path: Path) -> None:
+def test_the_example_file_declares_the_counter_json_upsert_and_window_counts(tmp_path: Path) -> None:
     declared = read_pipelines_file(PROJECT_ROOT / "examples" / "relay.toml")
     assert (
         declared.names == ["experience", "json_upsert", "window_counts"] and declared.default == "experience"

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kafka_offsets_plan import plan_batch_end
 from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError
-from relay.ledger import schema as s
 from relay.ledger.models import Color, Instance, InstanceState, Lease
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps
 from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff, handoff_offset
-from relay.source_guard import SourceGuard, plan_under_guard
-from sqlalchemy import create_engine, text
+from relay.protocol.guard import SourceGuard, plan_under_guard
 
 P = T = "p"
 
@@ -158,30 +155,3 @@ def test_handoff_offset_refuses_an_explicit_h_below_the_cursor_or_the_planned_en
     lease = Lease(1, P, 1, T, 0, 0, None, 40, 0.0, None)
     with pytest.raises(ConfigError, match=why):
         handoff_offset(lease, {T: {0: 70}}, {0: explicit}, {0: 100})
-
-
-def test_a_v3_ledger_gets_planned_ends_and_records_from_then_on(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'v3.db'}"
-    Ledger(url, create=True).close()
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE instances DROP COLUMN planned_ends"))
-        conn.execute(text("UPDATE relay_schema SET version = 3"))
-        conn.execute(
-            text(
-                "INSERT INTO instances (pipeline, version, color, state, checkpoint_dir, current_epoch, "
-                "stop_requested, app_name, created_at, updated_at) "
-                "VALUES ('p', 'v1', 'blue', 'ACTIVE', '', 0, 0, 'b', 0, 0)"
-            )
-        )
-    engine.dispose()
-    ledger = Ledger(url)
-    with ledger.tx() as conn:
-        assert conn.execute(text("SELECT version FROM relay_schema")).scalar() == s.SCHEMA_VERSION >= 4
-        blue, recorded = ledger.lock_planned(1, conn)
-    assert recorded == {} and blue.state is InstanceState.ACTIVE
-    seen: list[Any] = []
-    plan_under_guard(url, blue.id, lambda guard: seen.append(guard) or {(T, 0): 5})
-    with ledger.tx() as conn:
-        assert ledger.lock_planned(blue.id, conn)[1] == {T: {0: 5}}
-    ledger.close()

@@ -49,6 +49,34 @@ def test_runtime_library_never_imports_the_developer_tooling() -> None:
     assert users == ["cli.py"]  # the optional registration of the developer subcommands, nothing else
 
 
+def _relay_modules(path: Path) -> set[str]:
+    """The ``relay.*`` modules a file imports, at any level (``from relay.x import y``: ``relay.x``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("relay.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names |= {node.module} if (node.module or "").startswith("relay.") else set()
+    return names
+
+
+def test_the_ledger_knows_no_sink_and_the_protocol_no_sink_but_the_contract() -> None:
+    """The ledger holds Relay's own tables (a sink creates its own); the commit protocol talks to
+    sinks only through the contract in ``relay.sinks.base``."""
+    ledger = {
+        str(p.relative_to(RUNTIME)): sorted(m for m in _relay_modules(p) if m.startswith("relay.sinks"))
+        for p in (RUNTIME / "ledger").rglob("*.py")
+    }
+    assert {k: v for k, v in ledger.items() if v} == {}
+    protocol = {
+        str(p.relative_to(RUNTIME)): sorted(
+            m for m in _relay_modules(p) if m.startswith("relay.sinks") and m != "relay.sinks.base"
+        )
+        for p in (RUNTIME / "protocol").rglob("*.py")
+    }
+    assert {k: v for k, v in protocol.items() if v} == {}
+
+
 def test_job_artifact_carries_no_developer_tooling(tmp_path: Path) -> None:
     art = build_artifact(RelayConfig(data_dir=tmp_path), "v1")
     names = zipfile.ZipFile(art.folder / "relay_job.zip").namelist()

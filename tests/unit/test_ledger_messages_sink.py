@@ -23,6 +23,7 @@ from relay.ledger.engine import create_ledger
 from relay.ledger.models import Attempt, Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.sinks import ledger_messages as lm
+from relay.sinks import ledger_messages_tables as counter
 from relay.sinks.base import FencedWriteError, TaskContext, TaskResult
 from relay.sinks.ledger_messages import LedgerMessagesSink, runs
 from sqlalchemy import func, select, text
@@ -99,7 +100,7 @@ class Run:
 
     def per_offset(self, table: str = "messages") -> dict[tuple[int, int], int]:
         """(partition, offset) -> rows there, for this pipeline."""
-        t = s.metadata.tables[table]
+        t = s.dead_letters if table == "dead_letters" else counter.metadata.tables[table]
         with self.ledger.tx() as conn:
             rows = conn.execute(
                 select(t.c.partition, t.c.offset, func.count())
@@ -110,11 +111,13 @@ class Run:
 
     def count(self) -> int:
         with self.ledger.tx() as conn:
-            q = select(s.pipelines.c.message_count).where(s.pipelines.c.name == self.pipeline)
+            q = select(counter.counter_totals.c.message_count).where(
+                counter.counter_totals.c.pipeline == self.pipeline
+            )
             return int(conn.execute(q).scalar_one())
 
     def ranges(self, partition: int = 0) -> list[tuple[int, int]]:
-        r = s.message_ranges
+        r = counter.message_ranges
         with self.ledger.tx() as conn:
             q = select(r.c.start_offset, r.c.end_offset).where(
                 r.c.pipeline == self.pipeline, r.c.partition == partition
@@ -151,7 +154,9 @@ def test_rows_inside_the_ranges_become_messages_and_poison_a_dead_letter(ledger:
     assert run.count() == 8 and run.ranges() == [(2, 12)]
     with ledger.tx() as conn:
         row = conn.execute(
-            select(s.messages).where(s.messages.c.pipeline == run.pipeline, s.messages.c.offset == 5)
+            select(counter.messages).where(
+                counter.messages.c.pipeline == run.pipeline, counter.messages.c.offset == 5
+            )
         ).one()
         dead = conn.execute(
             select(s.dead_letters).where(s.dead_letters.c.pipeline == run.pipeline).order_by("offset")
@@ -313,16 +318,20 @@ def test_overlapping_tasks_at_the_same_time_apply_each_offset_once(pg_run: Run) 
     assert run.per_offset() == once((0, 12)) and run.count() == 12
 
 
-def test_a_ledger_of_schema_5_gets_the_range_table(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+def test_the_sink_creates_its_tables_and_the_ledger_has_none_of_them(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
     create_ledger(url)
-    with Ledger(url).tx() as conn:  # as a ledger written by the code before v6
-        conn.execute(text("DROP TABLE message_ranges"))
-        conn.execute(s.schema_version.update().values(version=5))
     ledger = Ledger(url)
     try:
+        with ledger.tx() as conn:  # Relay's own tables only: the counter never ran here
+            assert not counter.tables_exist(conn) and counter.message_count(conn, "p") is None
+            assert counter.totals(conn, "p") == (0, 0) and not counter.has_ranges(conn, "p")
+            ledger.ensure_pipeline("p", conn)
+        sink = LedgerMessagesSink(url)
+        sink.prepare("p")
+        sink.prepare("p")  # a second driver (a relaunch, green) finds them there
         with ledger.tx() as conn:
-            assert conn.execute(select(s.schema_version.c.version)).scalar() == s.SCHEMA_VERSION == 6
-            assert conn.execute(select(func.count()).select_from(s.message_ranges)).scalar() == 0
+            assert counter.tables_exist(conn) and counter.message_count(conn, "p") == 0
+            assert conn.execute(select(func.count()).select_from(counter.message_ranges)).scalar() == 0
     finally:
         ledger.close()

@@ -157,7 +157,7 @@ def test_artifact_from_user_code_carries_the_package_and_runtime_only(tmp_path: 
         "relay/pipeline.py",
         "driver_runtime.py",
     } <= set(names)
-    assert "pipeline_driver.py" not in names and "reference_job.py" not in names
+    assert "pipeline_driver.py" not in names and "counter/pipeline.py" not in names
     assert [n for n in names if n.startswith("relay_dev")] == []
     version = zipfile.ZipFile(art.zip_file).read("relay_job_version.py").decode()
     assert "PIPELINE_MODULE = 'json_upsert.pipeline'" in version
@@ -181,6 +181,6 @@ def test_artifact_from_user_code_carries_the_package_and_runtime_only(tmp_path: 
     }
     with pytest.raises(ConfigError, match="set RELAY_PIPELINE and RELAY_TOPIC"):
         check_deployable(cfg.with_(topic="other"), art)
-    # The default stays the reference job.
-    ref = build_artifact(RelayConfig(data_dir=tmp_path), "v2")
-    assert ref.job_file.name == "reference_job.py" and ref.pipeline is None
+    # Without code: Relay's default pipeline, the counter (tests/unit/test_default_pipeline.py).
+    default = build_artifact(RelayConfig(data_dir=tmp_path), "v2")
+    assert default.job_file.name == "pipeline_driver.py" and default.pipeline["module"] == "counter.pipeline"

@@ -1,4 +1,4 @@
-"""Predecessors of a lease (relay.predecessors) on a real SQLite ledger, and the driver's fence step.
+"""Predecessors of a lease (relay.protocol.predecessors) on a real SQLite ledger, and the driver's fence step.
 
 Each ledger state is what the operations leave behind: ``take_over`` (deploy after a death),
 a recovery's lease at other offsets, an upgrade's handoff with blue still draining.
@@ -12,8 +12,8 @@ import pytest
 from relay.ledger.models import Attempt, Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.pipeline_tasks import take_over_once
-from relay.predecessors import PredecessorCache
 from relay.protocol import commit_cursors, prepare_batch, prepare_tasks
+from relay.protocol.predecessors import PredecessorCache
 from relay.sinks.base import FencedWriteError, TaskResult
 
 from tests.ledger_builder import LedgerBuilder
@@ -59,7 +59,7 @@ def test_a_dead_instance_is_the_predecessor_of_the_lease_continuing_its_cursor(l
     assert preds(ledger, b_att, {0: 9, 1: 9}) == {(T, 0): (a.id,), (T, 1): (a.id,)}
     # Only partitions the batch writes: partition 1 has nothing planned here.
     assert preds(ledger, b_att, {0: 9}) == {(T, 0): (a.id,)}
-    # The reference job's path (prepare_batch) is unchanged: ranges only.
+    # prepare_batch: the ranges only.
     assert prepare_batch(ledger, b_att, None, {T: {0: 9}}) == {(T, 0): (5, 9)}
 
 

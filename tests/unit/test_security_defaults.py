@@ -19,7 +19,7 @@ from relay import cli
 from relay.artifacts import artifact, build_artifact, require_env_interface
 from relay.config import load_config
 from relay.driver_properties import driver_properties
-from relay.errors import ConfigError, LedgerNotFoundError, SparkError
+from relay.errors import ConfigError, LedgerError, LedgerNotFoundError, SparkError
 from relay.launcher import LEDGER_URL_ENV, driver_args, submission_environment
 from relay.ledger import schema as s
 from relay.ledger.engine import create_ledger, ledger_exists, safe_url
@@ -107,17 +107,31 @@ def test_explicit_create_makes_a_0600_ledger_and_opening_it_works(tmp_path: Path
         assert mode(path) == 0o600, path
 
 
-def test_opening_an_older_schema_still_migrates_it(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'v1.db'}"
-    Path(tmp_path / "v1.db").touch(mode=0o600)
+def test_a_ledger_older_than_the_baseline_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    Ledger(url, create=True).close()
     engine = create_engine(url)
+    with engine.begin() as conn:  # as a ledger of an older Relay says (it also held the counter's tables)
+        conn.execute(s.schema_version.update().values(version=s.BASELINE - 1))
+    with pytest.raises(LedgerError, match="older than this Relay supports.*create a new ledger"):
+        Ledger(url).instances("p")
     with engine.begin() as conn:
-        s.MIGRATIONS[0](conn)
-        conn.execute(s.schema_version.insert().values(version=1))
+        assert conn.execute(select(s.schema_version.c.version)).scalar() == s.BASELINE - 1
     engine.dispose()
-    ledger = Ledger(url)
-    with ledger.tx() as conn:
-        assert conn.execute(select(s.schema_version.c.version)).scalar() == s.SCHEMA_VERSION
+
+
+def test_a_migration_after_the_baseline_runs_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    Ledger(url, create=True).close()  # created at the baseline
+    ran: list[int] = []
+    monkeypatch.setattr(s, "MIGRATIONS", [lambda conn: ran.append(1)])
+    monkeypatch.setattr(s, "SCHEMA_VERSION", s.BASELINE + 1)
+    for _ in range(2):
+        ledger = Ledger(url)
+        with ledger.tx() as conn:
+            assert conn.execute(select(s.schema_version.c.version)).scalar() == s.BASELINE + 1
+        ledger.close()
+    assert ran == [1]
 
 
 def test_cli_refuses_a_mistyped_ledger_url_and_ledger_init_creates_it(

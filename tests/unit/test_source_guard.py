@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relay import source_guard
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.source_guard import SourceGuard, plan_under_guard, read_source_guard
+from relay.protocol import guard as source_guard
+from relay.protocol.guard import SourceGuard, plan_under_guard, read_source_guard
 from sqlalchemy import event
 
 T = "t"

@@ -18,8 +18,8 @@ from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps
 from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff
 from relay.pipeline import ForEachBatch, Pipeline, PipelineError, check_transform
+from relay.protocol.guard import SourceGuard, plan_under_guard, read_source_guard, shadowed
 from relay.sinks.postgres_upsert import PostgresUpsertSink
-from relay.source_guard import SourceGuard, plan_under_guard, read_source_guard, shadowed
 from relay.stateful import (
     STATE_TOPIC,
     caught_up,

@@ -16,7 +16,7 @@ from relay.ledger.models import Color, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps
 from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState
-from relay.predecessors import lease_predecessors
+from relay.protocol.predecessors import lease_predecessors
 
 P = "p"
 H = 20

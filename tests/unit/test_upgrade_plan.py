@@ -341,10 +341,10 @@ def _changes(plan: dict) -> dict[str, tuple]:
     return {r["field"]: (r["current"], r["target"]) for r in plan["contract"] if r["changed"]}
 
 
-def test_the_contract_diff_names_sink_key_and_driver_changes(
+def test_the_contract_diff_names_sink_and_key_changes(
     config: RelayConfig, ledger: Ledger, kafka: type[FakeKafka], tmp_path: Path, sink_env: None
 ) -> None:
-    build_artifact(config, "v1")  # the reference job
+    build_artifact(config, "v1")  # no code: the counter
     build_artifact(config, "v2", pipeline_code=_package(tmp_path, ["id"]))
     build_artifact(config, "v3", pipeline_code=_package(tmp_path, ["id", "region"]))
     b = blue(ledger, "v1")
@@ -352,11 +352,8 @@ def test_the_contract_diff_names_sink_key_and_driver_changes(
     plan = plan_upgrade(config, "v2", local=True)
     assert plan["blocked"] == []
     assert _changes(plan) == {
-        "pipeline": ("(reference job)", P),
-        "sink": ("ReferenceSink", "PostgresUpsertSink"),
-        "sink_target": ("the ledger (messages)", "users"),
-        "key": ([], ["id"]),
-        "driver": ("reference_job.py", "pipeline_driver.py"),
+        "sink": ("LedgerMessagesSink", "PostgresUpsertSink"),
+        "sink_target": ("messages", "users"),
         "secret_env": ([], ["PLAN_SINK_URL"]),
     }
     assert plan["current"]["code_hash"] != plan["target"]["code_hash"]
@@ -429,7 +426,7 @@ def test_a_plan_is_shown_as_a_verdict_tables_and_steps(
     text = out.getvalue()
     assert text.startswith(f"Upgrade plan for {P} (topic {P}): v1 -> v1: BLOCKED; nothing was changed")
     assert "blocked: instance 1 already runs version v1" in text
-    assert re.search(r"key\s+\(none\)\s+\(none\)\s+same", text)
+    assert re.search(r"sink_target\s+messages\s+messages\s+same", text)
     assert re.search(r"\s0\s+5\s+100\s+100\s+95", text)
     assert iso_time(artifact(config, "v1").built_at) in text
     assert "1. start green (v1, green) as a warm standby" in text

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from relay.artifacts import (
-    REFERENCE_DRIVER,
+    PIPELINE_DRIVER,
     VERSION_MODULE,
     Artifact,
     artifact,
@@ -78,12 +78,19 @@ def small_artifact(config: RelayConfig, version: str, built_at: float) -> Artifa
     """A version's folder as a build leaves it (driver, zip, artifact.json), with tiny contents."""
     folder = artifacts_dir(config) / version
     folder.mkdir(parents=True)
-    (folder / REFERENCE_DRIVER).write_text("# the driver\n")
+    (folder / PIPELINE_DRIVER).write_text("# the driver\n")
     with zipfile.ZipFile(folder / "relay_job.zip", "w") as zf:
         zf.writestr(VERSION_MODULE, f"VERSION = {version!r}\n")
         zf.writestr("relay/job.py", f"CODE = {version!r}\n")
     (folder / "artifact.json").write_text(
-        json.dumps({"version": version, "built_at": built_at, "driver": REFERENCE_DRIVER})
+        json.dumps(
+            {
+                "version": version,
+                "built_at": built_at,
+                "driver": PIPELINE_DRIVER,
+                "pipeline": {"name": P, "topics": [P], "module": "counter.pipeline"},
+            }
+        )
     )
     return artifact(config, version)
 
@@ -277,14 +284,12 @@ def test_versions_lists_newest_first_with_who_runs_which_and_the_rollback_target
     assert (rows["v1"]["runs"], rows["v1"]["previous"]) == ("", True)
     assert rows["v1"]["kept_because"] == f"{P}'s rollback target"
     assert rows["v3"]["code_hash"] == artifact(config, "v3").code_hash()[:12]
-    assert rows["v3"]["pipeline"] == "(reference job)" and rows["v3"]["built_at"] == 1003.0
+    assert rows["v3"]["pipeline"] == P and rows["v3"]["built_at"] == 1003.0
 
     out = io.StringIO()
     render("versions", view, Console(file=out, width=220, color_system=None))
     text = out.getvalue()
-    assert re.search(
-        r"v2\s+" + re.escape(iso_time(1002.0)) + r"\s+\(reference job\).*instance 2 \(ACTIVE\)", text
-    )
+    assert re.search(r"v2\s+" + re.escape(iso_time(1002.0)) + r"\s+" + P + r".*instance 2 \(ACTIVE\)", text)
     assert re.search(r"v1\s+.*previous\s+p's rollback target", text)
     assert "1002.0" not in text
 

@@ -109,12 +109,13 @@ def audit_ledger(
     started = time.perf_counter()
     with read_snapshot(ledger) as conn:
         spans = lc.spans(conn, pipeline, topic)  # the first read fixes the snapshot
-        # A sink writing the ledger's own messages table (LedgerMessagesSink): count its rows per
-        # offset, as for the reference job, without reading every batch's ranges first.
+        # The counter's sink (LedgerMessagesSink) writes its rows in the ledger's database: count them
+        # per offset, without reading every batch's ranges first.
         counted = lc.has_message_ranges(conn, pipeline)
         covered = {} if counted else executor_coverage(conn, pipeline, topic)
         if covered:
             records = None  # committed ranges cover holes too: nothing for Kafka to tell apart
+        rows = lc.has_counter_tables(conn)  # absent where the counter never ran: nothing to count
         earliest, latest = offsets()
         parts = [
             _partition(
@@ -126,7 +127,7 @@ def audit_ledger(
                 since,
                 until,
                 records,
-                covered.get(p, RangeCoverage([])) if covered else None,
+                covered.get(p, RangeCoverage([])) if covered or not rows else None,
             )
             for p in sorted(set(latest) | set(spans))
         ]

@@ -1,7 +1,7 @@
 """Where the audit reads how often each offset was applied: sink rows in the ledger, or batch ranges.
 
-The reference job's sink writes one ledger row per application (``SqlRows`` counts them). A user
-pipeline's sink writes on the executors, outside the ledger; what the ledger holds is each committed
+The counter's sink writes one row per application in the ledger's database (``SqlRows`` counts
+them). Any other pipeline's sink writes outside the ledger; what the ledger holds is each committed
 batch's cursor moves (``"sink": "executor"`` ranges). Every offset below a cursor must lie in exactly
 one committed range (``RangeCoverage``): two ranges over one offset is a double commit, none is a
 skipped offset. That the sink applied each offset of a committed range once is the sink's contract
@@ -23,7 +23,7 @@ from relay.protocol import EXECUTOR_SINK
 
 @dataclass
 class SqlRows:
-    """Applications as sink rows and dead letters in the ledger (the reference job)."""
+    """Applications as the counter's rows and dead letters in the ledger's database."""
 
     conn: Connection
     key: lc.Key
@@ -99,7 +99,7 @@ class RangeCoverage:
 
 
 def executor_coverage(conn: Connection, pipeline: str, topic: str) -> dict[int, RangeCoverage]:
-    """Per partition, the coverage of the committed executor-sink ranges ({} for the reference job)."""
+    """Per partition, the coverage of the committed executor-sink ranges ({}: nothing committed)."""
     per: dict[int, list[tuple[int, int]]] = {}
     rows = conn.execute(select(s.batches.c.ranges).where(s.batches.c.pipeline == pipeline))
     for (ranges,) in rows:

@@ -1,8 +1,9 @@
 """The audit's questions to the ledger, as SQL aggregates over offset ranges (SQLite and PostgreSQL).
 
 Nothing here loops over every offset in Python: counts come from ``count(DISTINCT offset)`` over
-the ``(pipeline, topic, partition, offset)`` index of ``messages`` (a ``GROUP BY offset`` only when
-some offset has several rows), examples from bounded queries (``HAVING count(*) > 1 ... LIMIT``,
+the ``(pipeline, topic, partition, offset)`` index of the counter's ``messages`` (its sink's table,
+``relay.sinks.ledger_messages_tables``; a ``GROUP BY offset`` only when some offset has several
+rows), examples from bounded queries (``HAVING count(*) > 1 ... LIMIT``,
 bisection by distinct-offset counts), and the deep audit gets the applied offsets as one ordered
 stream. Dead letters are few and have no such index: they are counted per range and merged in.
 """
@@ -18,6 +19,8 @@ from sqlalchemy.engine import Connection
 
 from relay.audit.segments import Span
 from relay.ledger import schema as s
+from relay.sinks import ledger_messages_tables as counter
+from relay.sinks.ledger_messages_tables import messages
 
 STREAM_ROWS = 10_000  # rows fetched at a time by the ordered streams (bounded memory)
 SCAN_OFFSETS = 4096  # ranges this small are checked offset by offset when listing missing ranges
@@ -73,7 +76,7 @@ def spans(conn: Connection, pipeline: str, topic: str) -> dict[int, tuple[list[S
 
 def _dead_per_offset(key: Key, a: int, b: int) -> Subquery:
     """Per dead-lettered offset of ``[a, b)``: ``dn`` dead letters and ``mn`` sink rows there too."""
-    m, d = s.messages, s.dead_letters
+    m, d = messages, s.dead_letters
     per_d = (
         select(d.c.offset, func.count().label("dn")).where(*_in(d, key, a, b)).group_by(d.c.offset).subquery()
     )
@@ -97,7 +100,7 @@ def _n_where(cond: ColumnElement[bool]) -> ColumnElement[int]:
 
 def counts(conn: Connection, key: Key, a: int, b: int) -> Counts:
     """How the offsets of ``[a, b)`` were applied, in two aggregate queries."""
-    m = s.messages
+    m = messages
     n_rows, m_offsets = conn.execute(
         select(func.count(), func.count(distinct(m.c.offset))).where(*_in(m, key, a, b))
     ).one()
@@ -122,7 +125,7 @@ def counts(conn: Connection, key: Key, a: int, b: int) -> Counts:
 
 def duplicate_offsets(conn: Connection, key: Key, a: int, b: int, limit: int) -> list[int]:
     """The first ``limit`` offsets of ``[a, b)`` applied more than once."""
-    m = s.messages
+    m = messages
     rows = select(m.c.offset).where(*_in(m, key, a, b)).group_by(m.c.offset).having(func.count() > 1)
     found = set(conn.execute(rows.order_by(m.c.offset).limit(limit)).scalars())
     both = _dead_per_offset(key, a, b)
@@ -133,7 +136,7 @@ def duplicate_offsets(conn: Connection, key: Key, a: int, b: int, limit: int) ->
 
 def row_offsets(conn: Connection, key: Key, a: int, b: int, limit: int) -> list[int]:
     """The first ``limit`` offsets of ``[a, b)`` with a row or a dead letter."""
-    m, d = s.messages, s.dead_letters
+    m, d = messages, s.dead_letters
     found = set()
     for table in (m, d):
         q = select(table.c.offset).where(*_in(table, key, a, b)).distinct()
@@ -143,7 +146,7 @@ def row_offsets(conn: Connection, key: Key, a: int, b: int, limit: int) -> list[
 
 def handled(conn: Connection, key: Key, a: int, b: int) -> int:
     """Offsets of ``[a, b)`` with a row or a dead letter (index-only counts)."""
-    m = s.messages
+    m = messages
     rows = conn.execute(select(func.count(distinct(m.c.offset))).where(*_in(m, key, a, b))).scalar_one()
     both = _dead_per_offset(key, a, b)
     dead_only = conn.execute(select(func.count()).select_from(both).where(both.c.mn == 0)).scalar_one()
@@ -153,7 +156,7 @@ def handled(conn: Connection, key: Key, a: int, b: int) -> int:
 def _scan(conn: Connection, key: Key, a: int, b: int) -> list[tuple[int, int]]:
     """Ranges of ``[a, b)`` without a row or a dead letter, from the offsets themselves (small ranges)."""
     seen: set[int] = set()
-    for table in (s.messages, s.dead_letters):
+    for table in (messages, s.dead_letters):
         seen.update(conn.execute(select(table.c.offset).where(*_in(table, key, a, b)).distinct()).scalars())
     out: list[tuple[int, int]] = []
     for offset in range(a, b):
@@ -210,7 +213,7 @@ def _ordered(conn: Connection, table: Table, key: Key, a: int, b: int) -> Iterat
 def applied_stream(conn: Connection, key: Key, a: int, b: int) -> Iterator[int]:
     """Every offset of ``[a, b)`` with a row or a dead letter, ascending, each once, streamed."""
     d = s.dead_letters
-    rows = _ordered(conn, s.messages, key, a, b)
+    rows = _ordered(conn, messages, key, a, b) if counter.tables_exist(conn) else iter(())
     if not conn.execute(select(d.c.offset).where(*_in(d, key, a, b)).limit(1)).first():
         yield from rows  # the usual case: no dead letter to merge in
         return
@@ -222,13 +225,16 @@ def applied_stream(conn: Connection, key: Key, a: int, b: int) -> Iterator[int]:
 
 
 def sink_totals(conn: Connection, pipeline: str) -> tuple[int, int]:
-    """(the sink's running count, the rows in its table): the reference sink keeps them equal."""
-    count = conn.execute(select(s.pipelines.c.message_count).where(s.pipelines.c.name == pipeline)).scalar()
-    rows = conn.execute(select(func.count()).select_from(s.messages).where(s.messages.c.pipeline == pipeline))
-    return int(count or 0), int(rows.scalar_one())
+    """(the counter's running count, the rows in its table): its sink keeps them equal; (0, 0) for a
+    pipeline whose sink is not the counter's."""
+    return counter.totals(conn, pipeline)
+
+
+def has_counter_tables(conn: Connection) -> bool:
+    """True when the counter's sink created its tables in this ledger's database (``SqlRows`` reads them)."""
+    return counter.tables_exist(conn)
 
 
 def has_message_ranges(conn: Connection, pipeline: str) -> bool:
     """True when ``LedgerMessagesSink`` wrote for ``pipeline``: its rows are in this ledger, count them."""
-    r = s.message_ranges
-    return conn.execute(select(r.c.id).where(r.c.pipeline == pipeline).limit(1)).first() is not None
+    return counter.has_ranges(conn, pipeline)

@@ -82,7 +82,7 @@ class AuditReport:
     topic: str
     mode: str  # "shallow": the ledger's SQL aggregates; "deep": compared with Kafka offset by offset
     partitions: list[PartitionAudit]
-    message_count: int  # the sink's running count (pipelines.message_count)
+    message_count: int  # the counter's running count (its sink's counter_totals; 0 for other sinks)
     applied_rows: int  # rows in the sink table: must equal message_count
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)

@@ -138,9 +138,7 @@ class LedgerBase:
             with self.tx() as c:
                 return self.ensure_pipeline(name, c)
         if conn.execute(select(s.pipelines.c.name).where(s.pipelines.c.name == name)).first() is None:
-            conn.execute(
-                s.pipelines.insert().values(name=name, epoch_seq=0, message_count=0, created_at=time.time())
-            )
+            conn.execute(s.pipelines.insert().values(name=name, epoch_seq=0, created_at=time.time()))
 
     def create_instance(
         self,

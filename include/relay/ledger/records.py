@@ -1,4 +1,4 @@
-"""Records kept beside the protocol: counts, batches, reports, and persisted operations."""
+"""Records kept beside the protocol: dead letters, batches, reports, and persisted operations."""
 
 from __future__ import annotations
 
@@ -15,13 +15,6 @@ from relay.ledger.base import LedgerBase
 
 class RecordsMixin(LedgerBase):
     """Batches and reports for health and audit; upgrade/recovery state machines (``operations``)."""
-
-    def message_count(self, pipeline: str) -> int:
-        with self.tx() as conn:
-            value = conn.execute(
-                select(s.pipelines.c.message_count).where(s.pipelines.c.name == pipeline)
-            ).scalar()
-        return int(value or 0)
 
     def dead_letter_count(self, pipeline: str) -> int:
         with self.tx() as conn:

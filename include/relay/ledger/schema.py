@@ -1,6 +1,8 @@
 """The ledger's tables (SQLAlchemy Core) and their versioned migrations, for SQLite and PostgreSQL.
 
-The ledger is the durable truth of a pipeline: Spark checkpoints are per-instance caches. Every
+The ledger is the durable truth of a pipeline: Spark checkpoints are per-instance caches. It holds
+Relay's own tables only; a sink that keeps tables in the same database creates them itself (the
+counter's: ``relay.sinks.ledger_messages_tables``). A new ledger is created at BASELINE; every later
 migration is a function applied once, in order; the applied version is kept in ``relay_schema``.
 """
 
@@ -23,11 +25,11 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    inspect,
     select,
-    text,
 )
 from sqlalchemy.engine import Connection
+
+from relay.errors import LedgerError
 
 metadata = MetaData()
 
@@ -41,7 +43,6 @@ pipelines = Table(
     metadata,
     Column("name", String(200), primary_key=True),
     Column("epoch_seq", BigInteger, nullable=False, default=0),
-    Column("message_count", BigInteger, nullable=False, default=0),
     Column("created_at", Float, nullable=False),
 )
 
@@ -61,9 +62,9 @@ instances = Table(
     Column("error", Text),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
-    # v2: sha256 of the launch token Relay handed to the instance's submission (never the token).
+    # sha256 of the launch token Relay handed to the instance's submission (never the token).
     Column("launch_token_hash", String(64)),
-    # v4: the highest end offset the instance's source ever planned, {"topic": {"partition": end}},
+    # the highest end offset the instance's source ever planned, {"topic": {"partition": end}},
     # recorded under the row lock before Spark can run the batch; the handoff takes H at or above it.
     Column("planned_ends", JSON),
 )
@@ -83,11 +84,11 @@ attempts = Table(
     Column("heartbeat_at", Float, nullable=False),
     Column("ended_at", Float),
     Column("error", Text),
-    Column("driver_id", String(200)),  # v2: the Spark driver that runs this attempt (cluster mode)
+    Column("driver_id", String(200)),  # the Spark driver that runs this attempt (cluster mode)
     UniqueConstraint("epoch", "instance_id", name="uq_attempts_epoch"),
 )
 
-# v2: drivers that tried to start an attempt without the instance's launch token (rogue copies).
+# Drivers that tried to start an attempt without the instance's launch token (rogue copies).
 refused_starts = Table(
     "refused_starts",
     metadata,
@@ -169,51 +170,6 @@ dead_letters = Table(
     Column("created_at", Float, nullable=False),
 )
 
-# The reference job's sink: one row per application (no unique key on purpose, so that the audit
-# can see a record applied twice; a production sink would upsert on (topic, partition, offset)).
-messages = Table(
-    "messages",
-    metadata,
-    Column("id", Id, primary_key=True, autoincrement=True),
-    Column("pipeline", String(200), nullable=False),
-    Column("topic", String(249), nullable=False),
-    Column("partition", Integer, nullable=False),
-    Column("offset", BigInteger, nullable=False),
-    Column("key", Text),
-    Column("value", Text),  # the value as text when it is UTF-8 without NUL, else NULL (see value_bytes)
-    Column("instance_id", BigInteger, nullable=False),
-    Column("version", String(100), nullable=False),
-    Column("batch_id", BigInteger, nullable=False),
-    # v3: the value's exact bytes (any bytes; NULL in rows written before v3 and for records without one)
-    Column("value_bytes", LargeBinary),
-)
-Index("ix_messages_tp", messages.c.pipeline, messages.c.topic, messages.c.partition, messages.c.offset)
-
-# v6: the offset ranges an executor-side ``messages`` sink (relay.sinks.ledger_messages) applied, one row
-# per task and partition, written in the task's own transaction. Disjoint per (pipeline, topic,
-# partition): a task records only offsets no range covered yet, so a replay writes nothing new.
-message_ranges = Table(
-    "message_ranges",
-    metadata,
-    Column("id", Id, primary_key=True, autoincrement=True),
-    Column("pipeline", String(200), nullable=False),
-    Column("topic", String(249), nullable=False),
-    Column("partition", Integer, nullable=False),
-    Column("start_offset", BigInteger, nullable=False),
-    Column("end_offset", BigInteger, nullable=False),  # exclusive
-    Column("instance_id", BigInteger, nullable=False),
-    Column("epoch", BigInteger, nullable=False),
-    Column("batch_id", BigInteger, nullable=False),
-    Column("created_at", Float, nullable=False),
-)
-Index(
-    "ix_message_ranges_tp",
-    message_ranges.c.pipeline,
-    message_ranges.c.topic,
-    message_ranges.c.partition,
-    message_ranges.c.start_offset,
-)
-
 reports = Table(
     "reports",
     metadata,
@@ -241,7 +197,7 @@ operations = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-# v5: the artifact store every host reaches (RELAY_ARTIFACT_STORE=ledger): one row per pipeline and
+# The artifact store every host reaches (RELAY_ARTIFACT_STORE=ledger): one row per pipeline and
 # version, written by the submitter, read by the bootstrap driver on whichever worker runs it.
 artifacts = Table(
     "artifacts",
@@ -256,61 +212,31 @@ artifacts = Table(
 )
 
 
-def _v1(conn: Connection) -> None:
-    metadata.create_all(conn)
+BASELINE = 7
+"""The version a new ledger is created at: Relay's own tables only. Versions 1 to 6 also held the
+counter's tables (now its sink's); a ledger of those versions is refused: create a new one."""
 
-
-def _add_column(conn: Connection, table: Table, column: str) -> None:
-    """ALTER TABLE ADD COLUMN unless the column exists (a fresh ledger got it from create_all)."""
-    if column in {c["name"] for c in inspect(conn).get_columns(table.name)}:
-        return
-    col = table.c[column]
-    conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile(conn.dialect)}"))
-
-
-def _v2(conn: Connection) -> None:
-    """Attempts bound to their submission: launch token hash, driver id, refused starts."""
-    _add_column(conn, instances, "launch_token_hash")
-    _add_column(conn, attempts, "driver_id")
-    refused_starts.create(conn, checkfirst=True)
-
-
-def _v3(conn: Connection) -> None:
-    """Message values as exact bytes: Text held non-UTF-8 values with replacement characters, and
-    PostgreSQL's text cannot hold NUL at all (such a record failed its whole batch)."""
-    _add_column(conn, messages, "value_bytes")
-
-
-def _v4(conn: Connection) -> None:
-    """Planned ends: a batch blue planned before the handoff could end past H (issue #12); NULL
-    (rows of v3) means nothing recorded yet."""
-    _add_column(conn, instances, "planned_ends")
-
-
-def _v5(conn: Connection) -> None:
-    """Artifacts in the ledger, so a driver on any host gets its code from where every host reaches."""
-    artifacts.create(conn, checkfirst=True)
-
-
-def _v6(conn: Connection) -> None:
-    """Ranges applied by the executor-side messages sink, so a replayed task writes nothing twice."""
-    message_ranges.create(conn, checkfirst=True)
-
-
-# Append new migrations; never edit an applied one.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
-SCHEMA_VERSION = len(MIGRATIONS)
+# Migrations after the baseline (version BASELINE + 1, + 2, ...): append, never edit an applied one.
+MIGRATIONS: list[Callable[[Connection], None]] = []
+SCHEMA_VERSION = BASELINE + len(MIGRATIONS)
 
 
 def migrate(conn: Connection) -> int:
-    """Bring the schema to SCHEMA_VERSION; return the version found before."""
+    """Create the schema (a new ledger) or bring it to SCHEMA_VERSION; return the version found before.
+    LedgerError for a ledger older than BASELINE."""
     schema_version.create(conn, checkfirst=True)
     found = conn.execute(select(schema_version.c.version)).scalar()
-    current = found or 0
-    for version in range(current + 1, SCHEMA_VERSION + 1):
-        MIGRATIONS[version - 1](conn)
     if found is None:
+        metadata.create_all(conn)
         conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
-    elif current < SCHEMA_VERSION:
+        return 0
+    if found < BASELINE:
+        raise LedgerError(
+            f"ledger schema version {found} is older than this Relay supports ({BASELINE}): create a new "
+            "ledger (relay ledger init with another RELAY_LEDGER_URL) and deploy again"
+        )
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[version - BASELINE - 1](conn)
+    if found < SCHEMA_VERSION:
         conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
-    return current
+    return found

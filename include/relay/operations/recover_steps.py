@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from enum import Enum
 
-from relay import checkpoint
 from relay.config import RelayConfig
 from relay.crashpoints import crash_point
 from relay.errors import OperationError
@@ -27,6 +26,7 @@ from relay.operations.inventory import take_inventory
 from relay.operations.recover_plan import plan_recovery
 from relay.operations.stop import stop
 from relay.operations.upgrade_steps import ALL_TERMINAL
+from relay.protocol import checkpoint
 
 Progress = Callable[[str], None]
 RUN_KEYS = "run_keys"  # the callers' runs (Airflow DAG runs) that opened or resumed the recovery

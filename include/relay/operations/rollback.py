@@ -205,7 +205,7 @@ def versions_view(config: RelayConfig, ledger: Ledger) -> dict:
             {
                 "version": art.version,
                 "built_at": art.built_at,
-                "pipeline": (art.pipeline or {}).get("name", "(reference job)"),
+                "pipeline": (art.pipeline or {}).get("name", "(unknown)"),
                 "driver": meta.get("driver"),
                 "code_hash": digest[:SHORT_HASH] if digest else None,
                 "runs": ", ".join(

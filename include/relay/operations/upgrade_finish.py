@@ -126,14 +126,13 @@ def _prune(config: RelayConfig, ledger: Ledger, progress: Progress) -> None:
 
 
 def _applied_by(ledger: Ledger, instance_id: int) -> int:
+    """Rows the instance's committed batches wrote through the sink (their tasks' counts)."""
     from sqlalchemy import func, select
 
+    b = s.batches
     with ledger.tx() as conn:
-        return int(
-            conn.execute(
-                select(func.count()).select_from(s.messages).where(s.messages.c.instance_id == instance_id)
-            ).scalar_one()
-        )
+        q = select(func.coalesce(func.sum(b.c.rows_applied), 0)).where(b.c.instance_id == instance_id)
+        return int(conn.execute(q).scalar_one())
 
 
 def _audit_window(config: RelayConfig, ledger: Ledger, op: dict) -> AuditReport:

@@ -10,17 +10,15 @@ expected handoff is "unknown (...)" and the rest of the plan stands.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from relay.artifacts import (
     PIPELINE_DRIVER,
-    REFERENCE_DRIVER,
     Artifact,
     artifact,
+    build_meta,
     current_code_hash,
     deploy_problems,
-    pipeline_meta,
     validate_version,
 )
 from relay.capacity import HOW_TO_MAKE_ROOM, Needs, room_problem
@@ -170,7 +168,7 @@ def _current(config: RelayConfig, blue: Instance | None) -> dict[str, Any]:
         "artifact": str(art.folder)
         if found
         else "gone (pruned, or built elsewhere): its contract is unknown",
-        "contract": _artifact_contract(config, art) if found else None,
+        "contract": _artifact_contract(art) if found else None,
     }
 
 
@@ -183,44 +181,32 @@ def _target(config: RelayConfig, art: Artifact, blocked: list[str]) -> dict[str,
             "code_hash": art.code_hash(),
             "built_at": art.built_at,
             "artifact": str(art.folder),
-            "contract": _artifact_contract(config, art),
+            "contract": _artifact_contract(art),
         }
     code = config.pipeline_code
     out["artifact"] = (
-        f"not built: the upgrade builds it from the current code ({code or 'the reference job'})"
+        f"not built: the upgrade builds it from the current code ({code or 'the counter, by default'})"
     )
     try:
-        meta = pipeline_meta(Path(code)) if code is not None else None
+        _, meta = build_meta(config)
         out["code_hash"] = current_code_hash(config)
     except (ConfigError, OSError) as exc:
         blocked.append(f"the current code can't be built as {art.version}: {exc}")
         return out
     blocked += deploy_problems(config, art.version, meta)
-    stateful = bool(meta and meta.get("stateful"))  # what build_artifact will record
-    out["contract"] = _contract(config, meta, PIPELINE_DRIVER if meta else REFERENCE_DRIVER, stateful)
+    stateful = bool(meta.get("stateful"))  # what build_artifact will record
+    out["contract"] = _contract(meta, PIPELINE_DRIVER, stateful)
     return out
 
 
-def _artifact_contract(config: RelayConfig, art: Artifact) -> dict[str, Any]:
+def _artifact_contract(art: Artifact) -> dict[str, Any]:
     meta = art.metadata()
-    return _contract(config, meta.get("pipeline"), meta.get("driver", REFERENCE_DRIVER), meta.get("stateful"))
+    return _contract(meta.get("pipeline") or {}, meta.get("driver", PIPELINE_DRIVER), meta.get("stateful"))
 
 
-def _contract(config: RelayConfig, meta: dict | None, driver: str, stateful: bool | None) -> dict[str, Any]:
+def _contract(meta: dict, driver: str, stateful: bool | None) -> dict[str, Any]:
     """The pipeline contract an artifact freezes (None: unknown, e.g. an artifact built before
     Relay recorded that field)."""
-    if meta is None:  # the reference job: counts the configured topic into the ledger, no key
-        return {
-            "pipeline": "(reference job)",
-            "topics": [config.topic],
-            "sink": "ReferenceSink",
-            "sink_target": "the ledger (messages)",
-            "key": [],
-            "stateful": stateful,
-            "warm_up_s": 0,
-            "driver": driver,
-            "secret_env": [],
-        }
     declares = meta.get("sink_declares") or {}
     return {
         "pipeline": meta.get("name"),

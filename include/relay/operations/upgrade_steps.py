@@ -296,7 +296,7 @@ def abort(config: RelayConfig, ledger: Ledger, op_id: int, reason: str, progress
 
     Green's leases are closed where their cursors are, never deleted, and blue continues on NEW
     leases that start exactly there: green is then a predecessor of blue's new lease
-    (``relay.predecessors``). Green's tasks may have written to the sink past its last ledger commit
+    (``relay.protocol.predecessors``). Green's tasks may have written to the sink past its last ledger commit
     (even before its first one); blue's driver fences green in the sink and skips what it wrote
     before writing the same offsets (issue #29: a deleted lease made the Kafka sink write them
     twice). The new leases' ids are above green's, so blue is also the newer writer generation of a

@@ -123,7 +123,7 @@ def take_over(
     epoch: int,
     predecessors: Mapping[tuple[str, int], tuple[int, ...]],
 ) -> None:
-    """Driver, before the tasks write ranges that dead instances held (``relay.predecessors``).
+    """Driver, before the tasks write ranges that dead instances held (``relay.protocol.predecessors``).
 
     Every predecessor is fenced in the sink first: a zombie task of it can no longer commit, and
     what it committed is final. A sink with its own ``take_over`` (Kafka) then also makes that

@@ -5,7 +5,7 @@ marker's own transactional id (which fences any producer of that id still in a t
 aborts it), read the id's committed marker, and commit the changed marker under that id. A task of
 the id either was fenced by that init, or takes the id after it and reads the changed marker.
 
-``take_over`` is the predecessor step (``relay.predecessors``): instance B continues a range that
+``take_over`` is the predecessor step (``relay.protocol.predecessors``): instance B continues a range that
 dead instance A held, and A's tasks may have committed rows past A's ledger cursor. B's driver
 1. fences A for good, including the ids of the taken source partitions that A has no marker for
    yet (a zombie task's very first transaction there would otherwise commit after the fence);

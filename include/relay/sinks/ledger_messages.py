@@ -1,11 +1,11 @@
 """The counter's sink on the executors: one ``messages`` row per record, in the ledger's own database.
 
-The reference job collects every batch on its driver and writes the rows inside the ledger commit.
-This sink writes the same rows (``messages``, dead letters, ``pipelines.message_count``) from the
-Spark tasks instead, so the driver never holds a record, and keeps the reference job's audit trail:
-``messages`` has NO unique key, so a record applied twice shows up as two rows.
+The sink of ``examples/counter``, the pipeline Relay runs by default. Its tables (``messages``,
+``message_ranges``, ``counter_totals``: ``relay.sinks.ledger_messages_tables``) are its own, created
+when it prepares, beside the ledger's; poison keys go to the ledger's ``dead_letters``. ``messages``
+has NO unique key, so a record applied twice shows up as two rows in ``relay audit``.
 
-Each task writes in ONE ledger transaction:
+Each task writes in ONE ledger transaction (the commit protocol's Step 2, ``relay.protocol``):
 
 1. Fence: the instance's ledger row IS the fencing token. On SQLite the transaction starts with
    ``BEGIN IMMEDIATE`` (the ledger engine's), so the check and the writes hold the write lock; on
@@ -18,8 +18,8 @@ Each task writes in ONE ledger transaction:
    commit and the driver's ledger commit writes nothing new, whatever its task split. The task then
    records the runs of consecutive offsets it wrote; runs never span an offset the task did not
    write (another task may own it), so the recorded ranges stay disjoint.
-4. One ``messages`` row per counter record, a dead letter per poison key (like ``ReferenceSink``),
-   ``pipelines.message_count`` bumped last (the shared row is held only until COMMIT).
+4. One ``messages`` row per counter record, a dead letter per poison key, the pipeline's
+   ``counter_totals.message_count`` bumped last (the shared row is held only until COMMIT).
 """
 
 from __future__ import annotations
@@ -42,8 +42,14 @@ from relay.inputs import parse_counter_bytes
 from relay.ledger import schema as s
 from relay.ledger.engine import POSTGRES_PREFIX, SQLITE_PREFIX, make_engine, open_engine, safe_url
 from relay.ledger.models import InstanceState
-from relay.reference_sink import value_text  # values stored exactly as the reference job stores them
 from relay.sinks.base import FencedWriteError, SinkError, SinkUnavailableError, TaskContext, TaskResult
+from relay.sinks.ledger_messages_tables import (
+    counter_totals,
+    create_tables,
+    message_ranges,
+    messages,
+    value_text,
+)
 from relay.sinks.pg_conn import scrub
 
 LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # Relay puts the ledger URL in every driver's environment
@@ -119,15 +125,16 @@ class LedgerMessagesSink:
     # ---- driver side -------------------------------------------------------------------------
 
     def prepare(self, pipeline: str) -> None:
-        """Open the ledger (migrating it: ``message_ranges`` comes with schema v6); refuse a URL that
-        names no ledger or a pipeline the ledger does not know."""
+        """Open the ledger; refuse a URL that names no ledger or a pipeline the ledger does not know;
+        create the counter's tables there unless they exist (``ledger_messages_tables``)."""
         with self._errors("prepare"):
             engine = open_engine(self._url)
             try:
-                with engine.connect() as conn:
+                with engine.begin() as conn:
                     known = conn.execute(select(s.pipelines.c.name).where(s.pipelines.c.name == pipeline))
                     if known.first() is None:
                         raise ConfigError(f"the ledger at {self.url} has no pipeline {pipeline!r}")
+                    create_tables(conn, pipeline)
             finally:
                 engine.dispose()
 
@@ -199,6 +206,7 @@ class LedgerMessagesSink:
     def _write(self, ctx: TaskContext, todo: dict[Position, dict[int, Record]]) -> tuple[int, int, int]:
         """(messages, dead letters, offsets already covered) of one committed transaction."""
         with _engine(self._url).connect() as conn, conn.begin():  # SQLite: BEGIN IMMEDIATE, lock first
+            # Step 2. Fenced (the instance's row, locked shared), in the leases, idempotent (the ranges).
             version = self._check_fence(conn, ctx)
             rows: dict[str, list[dict[str, Any]]] = {"messages": [], "dead_letters": [], "message_ranges": []}
             unchanged = 0
@@ -212,15 +220,13 @@ class LedgerMessagesSink:
                 new = [o for o in sorted(records) if not _inside(covered, o)]
                 unchanged += len(records) - len(new)
                 _rows(ctx, version, topic, partition, {o: records[o] for o in new}, rows)
-            for name, values in rows.items():
-                if values:
-                    conn.execute(s.metadata.tables[name].insert(), values)
+            for table in (messages, s.dead_letters, message_ranges):
+                if rows[table.name]:
+                    conn.execute(table.insert(), rows[table.name])
             if rows["messages"]:  # last: the pipeline's row is shared by every task, held until COMMIT
-                conn.execute(
-                    update(s.pipelines)
-                    .where(s.pipelines.c.name == ctx.pipeline)
-                    .values(message_count=s.pipelines.c.message_count + len(rows["messages"]))
-                )
+                total = counter_totals.c.message_count + len(rows["messages"])
+                where = counter_totals.c.pipeline == ctx.pipeline
+                conn.execute(update(counter_totals).where(where).values(message_count=total))
             crash_point(CRASH_BEFORE_COMMIT)
         return len(rows["messages"]), len(rows["dead_letters"]), unchanged
 
@@ -266,7 +272,7 @@ def _rows(
         where = {**tp, "offset": offset, "instance_id": ctx.instance_id}
         try:
             parse_counter_bytes(key)
-        except ValueError as exc:  # poison, as in the reference job: a dead letter, the batch goes on
+        except ValueError as exc:  # poison: a dead letter, the batch goes on
             error = f"{type(exc).__name__}: {exc}"
             out["dead_letters"].append(
                 {**where, "key": key, "value": value, "error": error, "created_at": now}
@@ -299,7 +305,7 @@ def _covered(
 ) -> list[tuple[int, int]]:
     """Recorded ranges meeting [lo, hi), sorted. Ranges are disjoint, so the one holding ``lo`` is the
     last starting at or before it: two index range scans, never the partition's whole history."""
-    r = s.message_ranges
+    r = message_ranges
     same = (r.c.pipeline == pipeline, r.c.topic == topic, r.c.partition == partition)
     cols = (r.c.start_offset, r.c.end_offset)
     before = conn.execute(

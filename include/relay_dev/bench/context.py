@@ -39,7 +39,7 @@ def ensure_running(ctx: Context) -> int:
     live = Ledger(ctx.config.ledger_url).instances(ctx.config.pipeline, live_only=True)
     if live:
         return live[-1].id
-    ctx.progress("deploying the reference job (v1) on the bench cluster")
+    ctx.progress("deploying the counter (v1, examples/counter) on the bench cluster")
     info = deploy(ctx.config, version="v1", wait_s=600, progress=ctx.progress)
     if ctx.deploy_first_commit_s is None:
         ctx.deploy_first_commit_s = float(info["first_commit_s"])

@@ -3,7 +3,7 @@
 Why per record: an upgrade's cost to a consumer of the output is the longest a record waited, not
 the operation's own step times. Production time is the Kafka record's timestamp (CreateTime, set by
 the producer at send); application time is ``committed_at`` of the batch that applied it (the
-reference job's ``messages`` row and its batch commit in one transaction). A message row joins the
+counter's task writes the ``messages`` row, then the driver commits the batch). A message row joins the
 batch of the same instance and batch id whose ranges cover its offset: batch ids are per instance and
 a relaunch may repeat one (a replayed batch records an empty-ranged row), so the id alone is not a key.
 
@@ -150,12 +150,13 @@ def read_production_times(
 def read_applications(
     ledger_url: str, pipeline: str, topic: str, start: Mapping[int, int], since: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The reference job's message rows at or after ``start`` and the batches committed since ``since``."""
+    """The counter's message rows at or after ``start`` and the batches committed since ``since``."""
     from relay.ledger import schema as s
     from relay.ledger.store import Ledger
+    from relay.sinks.ledger_messages_tables import messages
     from sqlalchemy import and_, or_, select
 
-    m, b = s.messages, s.batches
+    m, b = messages, s.batches
     where = or_(*(and_(m.c.partition == p, m.c.offset >= o) for p, o in start.items()))
     with Ledger(ledger_url).engine.connect() as conn:
         msgs = conn.execute(

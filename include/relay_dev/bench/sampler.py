@@ -27,7 +27,7 @@ def classify_process(cmdline: Sequence[str]) -> str:
             return "spark_worker"
         return "other_jvm"
     if exe.startswith("python") or "python" in exe:
-        if "reference_job.py" in text or "pipeline_driver.py" in text:
+        if "pipeline_driver.py" in text:
             return "python_driver"
         return "python_workers"
     if "postgres" in exe or "postgres" in text[:40]:

@@ -1,4 +1,4 @@
-"""Section ``throughput``: the reference job's applied msg/s against a plain kafka-python consumer."""
+"""Section ``throughput``: the counter's applied msg/s against a plain kafka-python consumer."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     base = plain_consumer(cfg.kafka_bootstrap, cfg.topic)
     ctx.progress(
         f"throughput: kafka-python read {base['rows']:,} in {base['seconds']:.1f}s "
-        f"({fmt_number(base['msg_s'])} msg/s); now the reference job "
+        f"({fmt_number(base['msg_s'])} msg/s); now the counter "
         f"(maxOffsetsPerTrigger {cfg.max_offsets_per_trigger:,})"
     )
     latest = latest_offsets(cfg)
@@ -107,7 +107,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     ctx.windows["throughput"] = (t0, t1)
     stats = throughput_from_batches(instance_batches(cfg, instance_id), latest)
     ctx.progress(
-        f"throughput: reference job applied {stats['rows']:,} in {stats['batches']} batches, "
+        f"throughput: the counter applied {stats['rows']:,} in {stats['batches']} batches, "
         f"{fmt_number(stats['msg_s'])} msg/s"
     )
     figures = [

@@ -17,6 +17,7 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.ledger import schema as s
 from relay.producer import POISON_KEY
+from relay.sinks import ledger_messages_tables as counter
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -253,14 +254,14 @@ def broker_check(config: RelayConfig, acked: dict[tuple[int, int], bytes]) -> di
     topic_now = read_topic(config)
     lost = {k for k, v in acked.items() if topic_now.get(k) != v}
     engine = read_engine(config.ledger_url)
-    m, d = s.messages, s.dead_letters
+    m, d = counter.messages, s.dead_letters
     applied: dict[tuple[int, int], bytes] = {}
     try:
         with engine.connect() as conn:
-            for p, o, v in conn.execute(
-                select(m.c.partition, m.c.offset, m.c.value).where(m.c.pipeline == config.pipeline)
-            ).all():
-                applied[(int(p), int(o))] = (v or "").encode()
+            if counter.tables_exist(conn):  # the counter's rows (another pipeline's sink has none)
+                q = select(m.c.partition, m.c.offset, m.c.value).where(m.c.pipeline == config.pipeline)
+                for p, o, v in conn.execute(q).all():
+                    applied[(int(p), int(o))] = (v or "").encode()
             for p, o, v in conn.execute(
                 select(d.c.partition, d.c.offset, d.c.value).where(d.c.pipeline == config.pipeline)
             ).all():

@@ -43,8 +43,8 @@ class ChaosOptions:
     lock_seconds: float = 65.0
     per_kind: int = FULL_RUN_PER_KIND
     pipeline_code: Path | None = None
-    """A user's pipeline package (e.g. examples/counter) run instead of the reference job: its sink
-    must record applied records in the ledger's ``messages`` table, where the deep audit counts them."""
+    """A pipeline package run instead of Relay's default (``examples/counter`` under the chaos
+    pipeline's name and topic); the broker check compares the counter's rows when there are any."""
     warmup_s: float = 10.0  # steady commits before the first fault
     grace_s: float = 240.0  # past the window, a kind never injected yet may still wait for a target
     min_up_s: float = 30.0

@@ -57,7 +57,7 @@ def driver_jvms(worker: int, marker: str = "") -> list[Proc]:
     return [p for p in group(worker) if p.is_java and "DriverWrapper" in p.text and marker in p.text]
 
 
-def driver_pythons(worker: int, jvm_pid: int, job_name: str = "reference_job.py") -> list[Proc]:
+def driver_pythons(worker: int, jvm_pid: int, job_name: str = "pipeline_driver.py") -> list[Proc]:
     """The Python driver script run by one driver JVM (PythonRunner starts it as a child)."""
     return [
         p
