@@ -1,8 +1,11 @@
-"""A short ``relay chaos`` run (about 2 minutes of faults) on its own private stack.
+"""A short ``relay chaos`` run (about 2 minutes of faults) on its own private stack, on the path
+users run: examples/kafka_to_kafka (a shuffling transform, the Kafka transactional sink).
 
 Why in ``make test``: it is the one test that kills every part of the stack at random moments under
-load with poison records, then proves with the deep audit (Kafka re-read) that no record was applied
-twice and none was skipped. Airflow's scheduler is left out (heavy, and not on the data path), and
+load with records the transform drops, then proves twice that no record was applied twice and none
+was skipped: ``relay audit --deep`` (the ledger, Kafka re-read, the output topic read against the
+transform re-evaluated) and an outside count (confluent-kafka, read_committed: every kept input event
+exactly once in the output). Airflow's scheduler is left out (heavy, and not on the data path), and
 the ledger lock is short (15 s, below SQLite's 60 s busy timeout) so the run stays near 2 minutes;
 the full run (``make chaos``) holds it for 65 s and adds the scheduler.
 """
@@ -13,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+from relay.config import PROJECT_ROOT
 from relay_dev.chaos.plan import ChaosOptions
 from relay_dev.chaos.report import render_table
 from relay_dev.chaos.runner import run_chaos
@@ -21,10 +25,14 @@ from relay_dev.chaos.runner import run_chaos
 pytestmark = pytest.mark.integration
 
 KINDS = "driver,executor,worker,master,broker,ledger-lock"
+EXAMPLE = PROJECT_ROOT / "examples" / "kafka_to_kafka"
 
 
-def test_short_chaos_run_loses_and_duplicates_nothing() -> None:
-    options = ChaosOptions.build(seconds=120, kinds=KINDS, seed=7, rate=100, lock_seconds=15, per_kind=2)
+def test_short_chaos_run_on_a_shuffling_kafka_pipeline_loses_and_duplicates_nothing() -> None:
+    options = ChaosOptions.build(
+        seconds=120, kinds=KINDS, seed=7, rate=100, lock_seconds=15, per_kind=2, pipeline_code=EXAMPLE
+    )
+    assert options.workload == "kafka"
     result = run_chaos(options, progress=print)
     print(render_table(result))  # shown with -s, and kept in the results file either way
 
@@ -39,4 +47,9 @@ def test_short_chaos_run_loses_and_duplicates_nothing() -> None:
     assert totals["duplicates"] == 0, f"{totals['duplicates']} record(s) applied twice"
     assert totals["missing"] == 0, f"{totals['missing']} record(s) read and never applied"
     assert result["caught_up_s"] is not None, "the pipeline did not catch up after the faults"
+    outside = result["outside"]
+    assert outside["checked"] > 1000, outside  # kept events written by the run
+    assert (outside["duplicates"], outside["missing"], outside["wrong"]) == (0, 0, 0), outside
+    sink = result["audit"]["sink"]
+    assert sink["kind"] == "kafka" and sink["ok"], sink
     assert result["ok"], result["verdict"]

@@ -16,11 +16,12 @@ from typing import Any
 
 from relay.config import RelayConfig
 from relay.ledger import schema as s
-from relay.producer import POISON_KEY
 from relay.sinks import ledger_messages_tables as counter
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
+
+from relay_dev.chaos.workloads import record
 
 Progress = Callable[[str], None]
 
@@ -121,8 +122,16 @@ class ChaosProducer:
     run can tell records the broker lost (acked, then gone after a SIGKILL) from records Relay lost.
     """
 
-    def __init__(self, config: RelayConfig, rate: float, poison_every: int, progress: Progress) -> None:
+    def __init__(
+        self,
+        config: RelayConfig,
+        rate: float,
+        poison_every: int,
+        progress: Progress,
+        workload: str = "counter",
+    ) -> None:
         self.config = config
+        self.workload = workload
         self.rate = rate
         self.poison_every = poison_every
         self.progress = progress
@@ -185,8 +194,7 @@ class ChaosProducer:
                 if producer is None:
                     producer = self._new_producer()
                 poison = self.poison_every > 0 and n % self.poison_every == self.poison_every - 1
-                key = POISON_KEY if poison else str(n).encode()
-                value = f"poison-{n}".encode() if poison else key
+                key, value = record(self.workload, n, poison)
                 future = producer.send(self.config.topic, key=key, value=value)
                 future.add_callback(lambda md, v=value: self.acked.__setitem__((md.partition, md.offset), v))
                 future.add_errback(self._failed)

@@ -14,6 +14,9 @@ from typing import Any
 
 from relay.errors import ConfigError
 from relay.pipeline import load_package
+from relay.sink_declares import sink_declares
+
+from relay_dev.chaos.workloads import workload_of
 
 #: Every fault kind, in the order the table prints them.
 KINDS: tuple[str, ...] = ("driver", "executor", "worker", "master", "broker", "scheduler", "ledger-lock")
@@ -44,7 +47,10 @@ class ChaosOptions:
     per_kind: int = FULL_RUN_PER_KIND
     pipeline_code: Path | None = None
     """A pipeline package run instead of Relay's default (``examples/counter`` under the chaos
-    pipeline's name and topic); the broker check compares the counter's rows when there are any."""
+    pipeline's name and topic): examples/kafka_to_kafka, examples/json_upsert or the counter. Its
+    sink decides the workload; the broker check compares the counter's rows when there are any."""
+    workload: str = "counter"
+    """What the load is and how the result is counted from outside (``relay_dev.chaos.workloads``)."""
     warmup_s: float = 10.0  # steady commits before the first fault
     grace_s: float = 240.0  # past the window, a kind never injected yet may still wait for a target
     min_up_s: float = 30.0
@@ -89,11 +95,14 @@ class ChaosOptions:
         lock = lock_seconds if lock_seconds is not None else (SQLITE_BUSY_TIMEOUT_S + 5 if full else 15.0)
         if lock <= 0 or lock >= window:
             raise ConfigError(f"--lock-seconds must be within (0, {window:g}), got {lock:g}")
+        workload = "counter"
         if pipeline_code is not None:
             try:
-                load_package(Path(pipeline_code))  # the check relay build makes, now, before any stack
+                _, pipeline = load_package(Path(pipeline_code))  # relay build's check, before any stack
             except ConfigError as exc:
                 raise ConfigError(f"--pipeline-code must be a pipeline package folder: {exc}") from None
+            workload = workload_of(sink_declares(pipeline).get("type"))
+            postgres = postgres or workload == "upsert"  # the upsert's table lives on the stack's PostgreSQL
         msg_rate = 200.0 if rate is None else rate
         if msg_rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {msg_rate:g}")
@@ -106,6 +115,7 @@ class ChaosOptions:
             lock_seconds=float(lock),
             per_kind=count,
             pipeline_code=Path(pipeline_code).resolve() if pipeline_code is not None else None,
+            workload=workload,
         )
 
     @property

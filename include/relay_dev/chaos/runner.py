@@ -29,6 +29,7 @@ from relay_dev.chaos.observe import ChaosProducer, CommitWatcher, broker_check
 from relay_dev.chaos.parts import StackParts
 from relay_dev.chaos.plan import ChaosOptions, make_plan, next_fault_at
 from relay_dev.chaos.report import audit_totals, summarize_kinds
+from relay_dev.chaos.sink_under_test import SinkUnderTest
 from relay_dev.postgres_local import LocalPostgres
 from relay_dev.stack import Part
 
@@ -75,7 +76,9 @@ def run_audit(config: RelayConfig, progress: Progress) -> tuple[dict[str, Any], 
     ledger = Ledger(config.ledger_url)
     try:
         deep = "deep" in inspect.signature(audit).parameters
-        report = audit(config, ledger, deep=True, progress=progress) if deep else audit(config, ledger)
+        report = (
+            audit(config, ledger, deep=True, sink=True, progress=progress) if deep else audit(config, ledger)
+        )
         return report.to_json(), deep
     finally:
         ledger.close()
@@ -105,7 +108,10 @@ class ChaosRun:
             self.config, self.parts, self.airflow, options.lock_seconds, self.abort, self.note
         )
         self.watcher = CommitWatcher(self.config)
-        self.producer = ChaosProducer(self.config, options.rate, options.poison_every, self.note)
+        self.producer = ChaosProducer(
+            self.config, options.rate, options.poison_every, self.note, options.workload
+        )
+        self.sink = SinkUnderTest(self.config, options.workload, self.note)
         self.healer = PipelineHealer(
             self.config,
             self.watcher,
@@ -141,6 +147,7 @@ class ChaosRun:
         if self.airflow is not None:
             self.airflow.start()
         self.watcher.start()
+        self.sink.prepare()
         from relay.operations.deploy import deploy
 
         info = deploy(self.config, version="v1", wait_s=600, progress=self.note)
@@ -175,11 +182,15 @@ class ChaosRun:
         self.result["caught_up_s"] = self._wait_caught_up()
         self.healer.stop()
         self._final_check()
-        self.note("deep audit")
+        self.note("deep audit (relay audit --deep: the ledger, Kafka and the sink)")
         report, deep = run_audit(self.config, self.note)
         self.result["audit"] = report
         self.result["audit_deep"] = deep
         self.result["audit_totals"] = audit_totals(report)
+        outside = self.sink.count(self.producer.acked)
+        if outside is not None:
+            self.note(f"outside count ({outside.client}): {outside.to_json()}")
+            self.result["outside"] = outside.to_json()
         self.note("checking what the broker kept against what it acknowledged")
         self.result["broker"] = broker_check(self.config, self.producer.acked)
 
@@ -287,7 +298,11 @@ class ChaosRun:
             "attempts": sorted({c.attempt_id for c in w.commits}),
             "instances": sorted({c.instance_id for c in w.commits}),
         }
-        totals = self.result.get("audit_totals") or {}
+        totals = dict(self.result.get("audit_totals") or {})
+        outside = self.result.get("outside")
+        if outside is not None and totals.get("duplicates") is not None:  # the sink, counted from outside
+            totals["duplicates"] = int(totals["duplicates"] or 0) + outside["duplicates"]
+            totals["missing"] = int(totals.get("missing") or 0) + outside["missing"] + outside["wrong"]
         dups, missing = totals.get("duplicates"), totals.get("missing")
         problems = []
         if self.result.get("error"):
@@ -320,6 +335,7 @@ class ChaosRun:
         self.healer.stop(timeout_s=15)  # on Ctrl-C a redeploy's wait must not hold the teardown
         self.producer.stop()
         self.watcher.stop()
+        self.sink.restore()
         if self.airflow is not None:
             with contextlib.suppress(RelayError):
                 self.airflow.stop()

@@ -39,10 +39,10 @@ EXAMPLES = {
 }
 
 
-def workload_of(sink: object) -> str:
-    """The workload a pipeline's sink takes (by the sink's class name: no import of the sinks here)."""
-    name = type(sink).__name__
-    return {"KafkaTransactionalSink": "kafka", "PostgresUpsertSink": "upsert"}.get(name, "counter")
+def workload_of(sink_type: str | None) -> str:
+    """The workload of a pipeline whose sink is a ``sink_type`` (its class name, as ``sink_declares``
+    reads it without building the sink)."""
+    return {"KafkaTransactionalSink": "kafka", "PostgresUpsertSink": "upsert"}.get(sink_type or "", "counter")
 
 
 def record(workload: str, n: int, poison: bool) -> tuple[bytes, bytes]:
