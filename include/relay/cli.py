@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relay.bounds import MAX_LAG, MAX_RATE
 from relay.config import RelayConfig, load_config
 from relay.errors import RelayError
 from relay.inputs import (  # noqa: F401 - parse_* re-exported: callers imported them from here
@@ -186,6 +187,7 @@ def cmd_pipelines(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 HEALTH_CRITICAL = "CRITICAL"
 PLAN_BLOCKED = 4  # exit code of a plan (upgrade or rollback --plan) that says the upgrade can't run
+OPERATION_NOT_DONE = 5  # an upgrade or rollback that ended ABORTED or FAILED
 
 
 def cmd_health(cfg: RelayConfig, a: argparse.Namespace) -> Any:
@@ -246,7 +248,7 @@ def _upgrade_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-lag",
-        type=int_at_least(0),
+        type=int_at_least(0, MAX_LAG),
         default=None,
         help="records (all partitions) green may lag at the gate (default: RELAY_MAX_OFFSETS_PER_TRIGGER)",
     )
@@ -271,7 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("produce", help="send counter messages (the seeds' KafkaApp)")
     pr.add_argument("--count", type=int_at_least(0), default=1000, help="messages to send (default 1000)")
     pr.add_argument(
-        "--rate", type=float_above(0), default=None, help="messages per second (default: as fast as possible)"
+        "--rate",
+        type=float_above(0, MAX_RATE),
+        default=None,
+        help="messages per second (default: as fast as possible)",
     )
     pr.add_argument(
         "--poison", type=int_at_least(0), default=0, help="also send N messages the job cannot parse"
@@ -387,12 +392,19 @@ def main(argv: list[str] | None = None) -> int:
         from relay.cli_render import render
 
         render(args.command, result)
+    return exit_code(args, result)
+
+
+def exit_code(args: argparse.Namespace, result: Any) -> int:
+    """What a script or CI step acts on (docs/operations.md, "Exit codes")."""
     if args.command == "audit" and not result["ok"]:
         return 3
     if args.command == "health" and result["status"] == HEALTH_CRITICAL:
         return 2  # a cron job or a CI step alerts on the exit code, as the DAG's task fails
-    if args.command in ("upgrade", "rollback") and args.plan and result["blocked"]:
-        return PLAN_BLOCKED  # `relay upgrade --plan && relay upgrade` goes on only when it can
+    if args.command in ("upgrade", "rollback") and args.plan:
+        return PLAN_BLOCKED if result["blocked"] else 0  # `relay upgrade --plan && relay upgrade`
+    if args.command in ("upgrade", "rollback") and result.get("state") != "DONE":
+        return OPERATION_NOT_DONE  # ABORTED (blue kept running) or FAILED: never a silent 0
     return 0
 
 

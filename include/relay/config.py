@@ -6,6 +6,7 @@ Every address and path comes from here, so the same code runs on the embedded st
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -13,6 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
+from relay.bounds import (
+    MAX_CORES,
+    MAX_OFFSETS_PER_TRIGGER,
+    MAX_PARTITIONS,
+    MAX_PORT,
+    MAX_TRIGGER_S,
+    finite_between,
+)
 from relay.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,16 +32,16 @@ MIN_KEEP_VERSIONS = 2  # the running version and the one a rollback returns to
 ARTIFACT_STORES = ("local", "ledger")
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int = 2**31 - 1) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = int(raw)
     except ValueError as exc:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from exc
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+        raise ConfigError(f"{name} must be an integer, got {raw[:40]!r}") from exc
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name} must be between {minimum} and {maximum}, got {raw[:40]}")
     return value
 
 
@@ -232,13 +241,13 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
     data_dir = Path(env.get("RELAY_DATA_DIR") or PROJECT_ROOT / "var").resolve()
     d = Ports()
     ports = Ports(
-        kafka=_int(env, "RELAY_KAFKA_PORT", d.kafka, 1),
-        spark_master=_int(env, "RELAY_SPARK_MASTER_PORT", d.spark_master, 1),
-        spark_master_ui=_int(env, "RELAY_SPARK_MASTER_UI_PORT", d.spark_master_ui, 1),
-        spark_rest=_int(env, "RELAY_SPARK_REST_PORT", d.spark_rest, 1),
-        spark_worker_ui=_int(env, "RELAY_SPARK_WORKER_UI_PORT", d.spark_worker_ui, 1),
-        postgres=_int(env, "RELAY_POSTGRES_PORT", d.postgres, 1),
-        airflow=_int(env, "RELAY_AIRFLOW_PORT", d.airflow, 1),
+        kafka=_int(env, "RELAY_KAFKA_PORT", d.kafka, 1, MAX_PORT),
+        spark_master=_int(env, "RELAY_SPARK_MASTER_PORT", d.spark_master, 1, MAX_PORT),
+        spark_master_ui=_int(env, "RELAY_SPARK_MASTER_UI_PORT", d.spark_master_ui, 1, MAX_PORT),
+        spark_rest=_int(env, "RELAY_SPARK_REST_PORT", d.spark_rest, 1, MAX_PORT),
+        spark_worker_ui=_int(env, "RELAY_SPARK_WORKER_UI_PORT", d.spark_worker_ui, 1, MAX_PORT),
+        postgres=_int(env, "RELAY_POSTGRES_PORT", d.postgres, 1, MAX_PORT),
+        airflow=_int(env, "RELAY_AIRFLOW_PORT", d.airflow, 1, MAX_PORT),
     )
     host = env.get("RELAY_HOST", "127.0.0.1")
     # A batch setting's variable is the operator's (it beats a pipeline package's value), unless
@@ -248,28 +257,32 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
     trigger = env.get("RELAY_TRIGGER_SECONDS", "1")
     try:
         trigger_seconds = float(trigger)
-    except ValueError as exc:
-        raise ConfigError(f"RELAY_TRIGGER_SECONDS must be a number, got {trigger!r}") from exc
+    except ValueError:
+        trigger_seconds = math.nan
+    if not finite_between(trigger_seconds, 0, MAX_TRIGGER_S):
+        raise ConfigError(
+            f"RELAY_TRIGGER_SECONDS must be seconds in [0, {MAX_TRIGGER_S:g}], got {trigger[:40]!r}"
+        )
     return RelayConfig(
         data_dir=data_dir,
         pipeline=env.get("RELAY_PIPELINE", "experience"),
         topic=env.get("RELAY_TOPIC", "experience"),
-        partitions=_int(env, "RELAY_PARTITIONS", 3, 1),
+        partitions=_int(env, "RELAY_PARTITIONS", 3, 1, MAX_PARTITIONS),
         kafka_bootstrap=env.get("RELAY_KAFKA_BOOTSTRAP") or f"{host}:{ports.kafka}",
         spark_master_url=env.get("RELAY_SPARK_MASTER_URL") or f"spark://{host}:{ports.spark_master}",
         spark_master_ui_url=env.get("RELAY_SPARK_MASTER_UI_URL") or f"http://{host}:{ports.spark_master_ui}",
         spark_rest_url=env.get("RELAY_SPARK_REST_URL") or f"http://{host}:{ports.spark_rest}",
         ledger_url=env.get("RELAY_LEDGER_URL", ""),
         ports=ports,
-        worker_cores=_int(env, "RELAY_WORKER_CORES", 6, 1),
+        worker_cores=_int(env, "RELAY_WORKER_CORES", 6, 1, MAX_CORES),
         worker_memory=env.get("RELAY_WORKER_MEMORY", "3g"),
         trigger_seconds=trigger_seconds,
-        max_offsets_per_trigger=_int(env, "RELAY_MAX_OFFSETS_PER_TRIGGER", 20000, 1),
+        max_offsets_per_trigger=_int(env, "RELAY_MAX_OFFSETS_PER_TRIGGER", 20000, 1, MAX_OFFSETS_PER_TRIGGER),
         host=host,
         spark_rest_secret_file=_path(env, "RELAY_SPARK_REST_SECRET_FILE"),
         pipeline_code=_path(env, "RELAY_PIPELINE_CODE"),
-        keep_versions=_int(env, "RELAY_KEEP_VERSIONS", 5, MIN_KEEP_VERSIONS),
-        standby_nice=_int(env, "RELAY_STANDBY_NICE", 10),
+        keep_versions=_int(env, "RELAY_KEEP_VERSIONS", 5, MIN_KEEP_VERSIONS, 1000),
+        standby_nice=_int(env, "RELAY_STANDBY_NICE", 10, 0, 19),
         heal=_bool(env, "RELAY_HEAL", True),
         artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
         checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from relay.bounds import MAX_RECORDS, MAX_SECONDS
 from relay.errors import ConfigError
 
 END = r"$(?!\n)"
@@ -201,25 +202,31 @@ _INT = re.compile(r"-?[0-9]+")
 _FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """argparse type: a plain decimal integer >= ``minimum`` (no ``+``, ``_``, spaces or ``1e3``)."""
+def int_at_least(minimum: int, maximum: int = MAX_RECORDS) -> Callable[[str], int]:
+    """argparse type: a plain decimal integer in [``minimum``, ``maximum``] (no ``+``, ``_``,
+    spaces or ``1e3``; ``maximum`` by default the most records one command sends)."""
 
     def parse(text: str) -> int:
         if not _INT.fullmatch(text) or int(text) < minimum:
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {_short(text)}")
+        if len(text) > 20 or int(text) > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {_short(text)}")
         return int(text)
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
 
 
-def float_above(minimum: float) -> Callable[[str], float]:
-    """argparse type: a finite decimal number > ``minimum`` (``nan``, ``inf`` and ``0`` for rates refused)."""
+def float_above(minimum: float, maximum: float = MAX_SECONDS) -> Callable[[str], float]:
+    """argparse type: a finite decimal number in (``minimum``, ``maximum``] (``nan``, ``inf`` and
+    ``0`` for rates refused; ``maximum`` by default a week of seconds)."""
 
     def parse(text: str) -> float:
         value = float(text) if _FLOAT.fullmatch(text) else math.nan
         if not math.isfinite(value) or value <= minimum:
             raise argparse.ArgumentTypeError(f"must be a number > {minimum:g}, got {_short(text)}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {_short(text)}")
         return value
 
     parse.__name__ = f"number > {minimum:g}"

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.config import BATCH_LIMITS, OPERATOR_LIMITS_ENV, named_limits
 from relay.errors import ConfigError, RelayError
 from relay.sinks.base import SOURCE_COLUMNS, ExecutorSink, TaskResult
@@ -194,11 +195,15 @@ def _problems(p: Pipeline) -> Iterable[str]:
             f"function returning one, got {type(p.sink).__name__}"
         )
     m = p.max_offsets_per_trigger
-    if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-        yield "max_offsets_per_trigger must be an integer >= 1 (or None)"
+    if m is not None and (
+        isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_OFFSETS_PER_TRIGGER
+    ):
+        yield f"max_offsets_per_trigger must be an integer in [1, {MAX_OFFSETS_PER_TRIGGER}] (or None)"
     t = p.trigger_seconds
-    if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or t < 0):
-        yield "trigger_seconds must be a number >= 0 (or None)"
+    if t is not None and (
+        isinstance(t, bool) or not isinstance(t, int | float) or not finite_between(t, 0, MAX_TRIGGER_S)
+    ):
+        yield f"trigger_seconds must be a number of seconds in [0, {MAX_TRIGGER_S:g}] (or None)"
     yield from _stateful_problems(p)
     if isinstance(p.secret_env, str) or not all(isinstance(e, str) and _ENV.match(e) for e in p.secret_env):
         yield "secret_env must be a tuple of environment variable names (A-Z, 0-9, _)"

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relay.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.config import BATCH_LIMITS
 from relay.errors import ConfigError
 
@@ -179,11 +180,17 @@ def _pipeline(path: Path, name: str, table: Mapping[str, Any]) -> dict[str, Any]
             raise bad("secret_env", "must be a list of environment variable names (A-Z, 0-9, _)")
         out["secret_env"] = tuple(dict.fromkeys(names))
     if "max_offsets_per_trigger" in table:
-        out["max_offsets_per_trigger"] = _integer(table, "max_offsets_per_trigger", 1, bad)
+        out["max_offsets_per_trigger"] = _integer(
+            table, "max_offsets_per_trigger", 1, bad, None, MAX_OFFSETS_PER_TRIGGER
+        )
     if "trigger_seconds" in table:
         value = table["trigger_seconds"]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise bad("trigger_seconds", "must be a number of seconds >= 0")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not finite_between(value, 0, MAX_TRIGGER_S)
+        ):
+            raise bad("trigger_seconds", f"must be a number of seconds in [0, {MAX_TRIGGER_S:g}]")
         out["trigger_seconds"] = float(value)
     if "spark" in table:
         out.update(_spark(path, where, table["spark"]))
@@ -192,12 +199,21 @@ def _pipeline(path: Path, name: str, table: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-def _integer(table: Mapping[str, Any], key: str, minimum: int, bad: Any, default: int | None = None) -> int:
+def _integer(
+    table: Mapping[str, Any],
+    key: str,
+    minimum: int,
+    bad: Any,
+    default: int | None = None,
+    maximum: int = 2**31 - 1,
+) -> int:
     if key not in table and default is not None:
         return default
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise bad(key, f"must be an integer >= {minimum}")
+    if value > maximum:
+        raise bad(key, f"must be at most {maximum}")
     return value
 
 

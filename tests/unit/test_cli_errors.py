@@ -27,6 +27,12 @@ USAGE_ERRORS = [
     (["produce", "--rate", "nan"], "relay produce: argument --rate: must be a number > 0, got 'nan'"),
     (["produce", "--rate", "inf"], "relay produce: argument --rate: must be a number > 0, got 'inf'"),
     (["produce", "--poison", "-1"], "relay produce: argument --poison: must be an integer >= 0, got '-1'"),
+    (  # issue #34: accepted, and ~2.0 M records flooded in 120 s
+        ["produce", "--count", "99999999999999999999999"],
+        "relay produce: argument --count: must be at most 1000000000",
+    ),
+    (["produce", "--rate", "1e30"], "relay produce: argument --rate: must be at most 1e+07"),
+    (["deploy", "--wait", "1e12"], "relay deploy: argument --wait: must be at most 604800"),
     (["deploy", "--wait", "0"], "relay deploy: argument --wait: must be a number > 0"),
     (["deploy", "--version", ".."], "relay deploy: argument --version: version must be"),
     (["deploy", "--version", "v1/../x"], "relay deploy: argument --version: version must be"),
@@ -114,3 +120,24 @@ def test_a_refused_recovery_does_not_create_a_missing_ledger(env: dict[str, str]
     env["RELAY_LEDGER_URL"] = f"sqlite:///{missing}"
     assert_one_line(run(["recover", "--strategy", "offsets"], env), 1, "strategy offsets needs offsets")
     assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "plan", "result", "code"),
+    [
+        ("upgrade", False, {"state": "DONE"}, 0),
+        ("upgrade", False, {"state": "ABORTED", "error": "cutover gate failed"}, 5),
+        ("rollback", False, {"state": "FAILED"}, 5),
+        ("upgrade", True, {"blocked": True}, 4),
+        ("upgrade", True, {"blocked": False}, 0),
+        ("audit", False, {"ok": False}, 3),
+        ("health", False, {"status": "CRITICAL"}, 2),
+    ],
+)
+def test_exit_codes_an_aborted_upgrade_included(command: str, plan: bool, result: dict, code: int) -> None:
+    """Issue #34: `relay upgrade` exited 0 when the upgrade ended ABORTED."""
+    import argparse
+
+    from relay.cli import exit_code
+
+    assert exit_code(argparse.Namespace(command=command, plan=plan), result) == code

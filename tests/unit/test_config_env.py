@@ -82,3 +82,23 @@ def test_a_bad_value_in_the_environment_is_refused_by_name(tmp_path: Path) -> No
         load_config({**env, "RELAY_ARTIFACT_STORE": "s3"})
     with pytest.raises(ConfigError, match="RELAY_CHECKPOINT_ROOT"):
         load_config({**env, "RELAY_CHECKPOINT_ROOT": "hdfs://nn/checkpoints"})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RELAY_TRIGGER_SECONDS", "1e309"),
+        ("RELAY_TRIGGER_SECONDS", "nan"),
+        ("RELAY_TRIGGER_SECONDS", "inf"),
+        ("RELAY_TRIGGER_SECONDS", "-1"),
+        ("RELAY_TRIGGER_SECONDS", "86400"),
+        ("RELAY_MAX_OFFSETS_PER_TRIGGER", "99999999999999999999999"),
+        ("RELAY_KAFKA_PORT", "70000"),
+        ("RELAY_PARTITIONS", "0"),
+        ("RELAY_STANDBY_NICE", "40"),
+    ],
+)
+def test_every_number_is_finite_and_bounded(tmp_path: Path, name: str, value: str) -> None:
+    """Issue #34: RELAY_TRIGGER_SECONDS=1e309 passed the check and reached PostgreSQL's JSON as Infinity."""
+    with pytest.raises(ConfigError, match=name):
+        load_config({"RELAY_DATA_DIR": str(tmp_path), name: value})

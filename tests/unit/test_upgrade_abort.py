@@ -78,3 +78,18 @@ def test_abort_closes_green_where_it_is_and_blue_continues_after_it_as_its_succe
     )
     assert blue[1].id > max(g.id for g in green_leases), "blue is the newer writer generation"
     assert ledger.instance(blue_id).state is InstanceState.ACTIVE
+
+
+def test_after_an_abort_the_pipelines_version_is_blues(config: RelayConfig, ledger: Ledger) -> None:
+    """Issue #34: after an upgrade aborted once green had committed, `relay deploy` without a version
+    resumed the aborted green's version instead of the one blue kept running."""
+    from relay.operations.deploy import current_version
+    from relay.protocol import commit_cursors
+    from relay.sinks.base import TaskResult
+
+    op_id, _, green_id = handed_off(ledger, H)
+    attempt = ledger.start_attempt(green_id, ledger.issue_launch_token(green_id))
+    commit_cursors(ledger, attempt, 0, {P: {0: H}}, {P: {0: 27}}, TaskResult())  # green committed
+    assert current_version(ledger, P) == "v2"  # during the upgrade: green is the newest that committed
+    upgrade_steps.abort(config, ledger, op_id, "test: the cutover gate failed")
+    assert current_version(ledger, P) == "v1"

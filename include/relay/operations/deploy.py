@@ -77,7 +77,8 @@ FIRST_VERSION = "v1"
 
 
 def current_version(ledger: Ledger, pipeline: str) -> str:
-    """The version the pipeline runs now: its newest instance that ever committed (or was live).
+    """The version the pipeline runs now: its newest instance that ever committed (or was live),
+    an aborted upgrade's green excepted (blue's version is the one that kept running, issue #34).
 
     A deploy or a recovery without a version resumes it, so following health's advice after an
     upgrade never silently brings an older version back.
@@ -90,7 +91,15 @@ def current_version(ledger: Ledger, pipeline: str) -> str:
                 select(s.batches.c.instance_id).where(s.batches.c.pipeline == pipeline).distinct()
             ).all()
         }
-    ran = [i for i in instances if i.id in committed or i.state.live]
+        aborted_ops = conn.execute(
+            select(s.operations.c.data).where(
+                s.operations.c.pipeline == pipeline,
+                s.operations.c.kind == "upgrade",
+                s.operations.c.state == "ABORTED",
+            )
+        ).all()
+    aborted = {row[0].get("green_id") for row in aborted_ops}
+    ran = [i for i in instances if (i.id in committed or i.state.live) and i.id not in aborted]
     return (ran or instances)[-1].version if instances else FIRST_VERSION
 
 
