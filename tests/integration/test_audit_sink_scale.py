@@ -23,7 +23,7 @@ from relay.kafka_offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
 
-from tests.integration.test_audit_sink import KINDS, own_ledger, package
+from tests.integration.test_audit_reads_sinks import KINDS, own_ledger, package
 from tests.ledger_builder import LedgerBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
