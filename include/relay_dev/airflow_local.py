@@ -182,7 +182,8 @@ def ensure_airflow_db(config: RelayConfig, timeout_s: float = 300) -> float:
     """
     t0 = time.monotonic()
     home = airflow_home(config)
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    home.chmod(0o700)  # the metadata DB holds connections and Variables (secrets): owner only
     log_path = home / "db-migrate.log"
     with open(log_path, "ab") as out:
         try:
@@ -195,6 +196,7 @@ def ensure_airflow_db(config: RelayConfig, timeout_s: float = 300) -> float:
                 stderr=subprocess.STDOUT,
                 timeout=timeout_s,
                 check=False,
+                umask=0o077,  # airflow.db and what else it creates: 0600 / 0700 (issue #34)
             ).returncode
         except subprocess.TimeoutExpired as exc:
             raise StackError(f"airflow db migrate took more than {timeout_s:.0f}s; see {log_path}") from exc
