@@ -8,6 +8,7 @@ the same text comes out without escape codes.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -282,11 +283,26 @@ def render_pipelines(console: Console, view: Mapping[str, Any]) -> None:
     console.print(table(rows, cols, None, lambda r: STATE_STYLE.get(str(r.get("state")))))
 
 
+def output_width() -> int:
+    """The width tables fit when stdout is not a terminal: ``COLUMNS``, else the terminal the person
+    sees on stderr or stdin (``relay status | less``: wrapped at 240 it was noise on 80 columns,
+    issue #34), else WIDE, so a line a script greps is never wrapped."""
+    raw = os.environ.get("COLUMNS", "")
+    if raw.isdigit() and 20 <= int(raw) <= 1000:
+        return int(raw)
+    for stream in (sys.stderr, sys.stdin):
+        try:
+            return max(os.get_terminal_size(stream.fileno()).columns, 20)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return WIDE
+
+
 def render(name: str, result: Any, console: Console | None = None) -> None:
     """Print ``result`` of command ``name`` for a person."""
     if console is None:
-        # piped or captured: no terminal width to respect, so never wrap a line a script may grep
-        console = Console() if sys.stdout.isatty() else Console(width=WIDE, soft_wrap=True)
+        width = output_width()
+        console = Console() if sys.stdout.isatty() else Console(width=width, soft_wrap=width == WIDE)
     if name == "status":
         render_status(console, result)
     elif name == "offsets":

@@ -6,6 +6,7 @@ import io
 import re
 from datetime import datetime
 
+import pytest
 from relay.cli_render import iso_time, render
 from rich.console import Console
 
@@ -106,3 +107,21 @@ def test_other_results_are_field_tables_with_nested_rows() -> None:
     text = _shown("deploy", result)
     assert re.search(r"instance id\s+7", text) and re.search(r"first commit s\s+3.25", text)
     assert re.search(r"partition\s+start", text) and "{" not in text
+
+
+def test_piped_output_fits_the_terminal_the_person_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #34: every table was 240 columns wide when stdout was not a terminal (wrapped into noise
+    on 80 columns); COLUMNS, or the terminal on stderr or stdin, gives the width; else 240."""
+    from relay import cli_render
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli_render.output_width() == 80
+    monkeypatch.delenv("COLUMNS")
+
+    class NoTerminal:
+        def fileno(self) -> int:
+            raise OSError("not a terminal")
+
+    monkeypatch.setattr(cli_render.sys, "stderr", NoTerminal())
+    monkeypatch.setattr(cli_render.sys, "stdin", NoTerminal())
+    assert cli_render.output_width() == cli_render.WIDE
