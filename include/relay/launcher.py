@@ -240,14 +240,20 @@ class FirstCommitWait:
                 f"instance {inst.id} is {inst.state.value}: {inst.error or 'see driver log'}"
             )
         attempts = self.ledger.attempts(inst.id)
-        failed = [a for a in attempts if a.state in (AttemptState.FAILED, AttemptState.FENCED)]
+        # FENCED is a failure only for the newest attempt: an older one was superseded by the
+        # relaunch of a driver that was killed (issue #34: one SIGKILL aborted a whole upgrade).
+        failed = [
+            a
+            for a in attempts
+            if a.state is AttemptState.FAILED or (a.state is AttemptState.FENCED and a is attempts[-1])
+        ]
         if failed:
             raise OperationError(
                 f"instance {inst.id}: attempt {failed[-1].id} {failed[-1].state.value}: {failed[-1].error}"
             )
         if self._watch is None or self._watch.submission != inst.submission_id:
             self._watch = _StartWatch(self.config, inst.submission_id)
-        crash = self._watch.check()
+        crash = self._watch.check(len(attempts))
         if crash and not any(le.next_offset > le.start_offset for le in self.ledger.leases(inst.id)):
             raise OperationError(
                 f"instance {inst.id}: {crash}; the driver's last output:\n{driver_output(self.config, inst)}"
@@ -325,8 +331,13 @@ class _StartWatch:
         self._launches = LaunchCounter(submission) if cluster and submission else None
         self._next_check = time.monotonic() + START_CHECK_EVERY_S
 
-    def check(self) -> str | None:
-        """Why the driver cannot start (its state, or its relaunches), or None while it may still."""
+    def check(self, attempts: int) -> str | None:
+        """Why the driver cannot start (its state, or its relaunches), or None while it may still.
+
+        A relaunch counts only when its launch never took an attempt in the ledger (``attempts``:
+        the instance's): an ImportError, a bad argument. A driver that took its attempt and was
+        killed (a SIGKILL of green after the handoff, a lost worker) is relaunched by supervision
+        and goes on: not a reason to give up (issue #34: one kill aborted a whole upgrade)."""
         if self._launches is None or time.monotonic() < self._next_check:
             return None
         self._next_check = time.monotonic() + START_CHECK_EVERY_S
@@ -343,9 +354,10 @@ class _StartWatch:
             return None  # best effort: the timeout still bounds the wait
         finally:
             client.close()
-        if launches >= 2:
+        if launches - attempts >= 2:
             return (
-                f"driver {driver.id} was launched {launches} times without a first commit "
+                f"driver {driver.id} was launched {launches} times without a first commit, "
+                f"{launches - attempts} of them dying before they took an attempt "
                 "(it dies at start and supervision relaunches it)"
             )
         return None

@@ -209,11 +209,24 @@ def test_worker_connection_errors_and_http_errors_are_spark_errors(monkeypatch: 
 def test_start_watch_reports_a_relaunched_driver(fake_spark: FakeSpark, tmp_path: Path) -> None:
     config = load_config({"RELAY_DATA_DIR": str(tmp_path), "RELAY_SPARK_MASTER_UI_PORT": "46211"})
     watch = launcher._StartWatch(config, DRIVER)
-    assert watch.check() is None  # not yet: checks are spaced out
+    assert watch.check(0) is None  # not yet: checks are spaced out
     assert fake_spark.reads == []
     watch._next_check = 0.0
-    assert "launched 2 times without a first commit" in (watch.check() or "")
-    assert launcher._StartWatch(config, "local-123").check() is None  # local drivers: no supervisor
+    assert "launched 2 times without a first commit" in (watch.check(0) or "")
+    assert launcher._StartWatch(config, "local-123").check(0) is None  # local drivers: no supervisor
+
+
+def test_a_driver_killed_after_it_took_its_attempt_is_no_start_failure(
+    fake_spark: FakeSpark, tmp_path: Path
+) -> None:
+    """Issue #34: one SIGKILL of green after the handoff aborted the upgrade ("launched 2 times");
+    a launch that took its attempt in the ledger got past its start: supervision brings it back."""
+    config = load_config({"RELAY_DATA_DIR": str(tmp_path), "RELAY_SPARK_MASTER_UI_PORT": "46211"})
+    watch = launcher._StartWatch(config, DRIVER)
+    watch._next_check = 0.0
+    assert watch.check(1) is None  # two launches, one took its attempt: one crash at most
+    watch._next_check = 0.0
+    assert watch.check(2) is None
 
 
 def test_driver_output_of_a_local_driver_reads_its_log_file(tmp_path: Path) -> None:
