@@ -24,8 +24,13 @@ def local_session(app_name: str, work_dir: Path, memory: str = "768m", cores: in
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run this interpreter (its venv has pyarrow), not whatever python3 is on PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder
+    if os.environ.get("PYTHONPATH"):
+        # Python workers take it from the session's conf too: the JVM (and its environment) may
+        # have been started by an earlier session of this process, before PYTHONPATH was set.
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
     return (
-        SparkSession.builder.master(f"local[{cores}]")
+        builder.master(f"local[{cores}]")
         .appName(app_name)
         .config("spark.driver.memory", memory)
         .config("spark.pyspark.python", sys.executable)

@@ -40,8 +40,10 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maxi
         value = int(raw)
     except ValueError as exc:
         raise ConfigError(f"{name} must be an integer, got {raw[:40]!r}") from exc
-    if not minimum <= value <= maximum:
-        raise ConfigError(f"{name} must be between {minimum} and {maximum}, got {raw[:40]}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {raw[:40]}")
     return value
 
 

@@ -141,7 +141,7 @@ def test_audit_reads_a_kafka_output_and_names_duplicated_and_missing_input_offse
         {
             'TOPIC = "kafka_to_kafka"': f'TOPIC = "{topic}"',
             '"kafka_to_kafka_purchases"': f'"{out}"',
-            'name="kafka_to_kafka"': 'name="audit_k2k"',
+            'NAME = "kafka_to_kafka"': 'NAME = "audit_k2k"',
         },
     )
     env = {"KAFKA_TO_KAFKA_BOOTSTRAP": cfg.kafka_bootstrap}

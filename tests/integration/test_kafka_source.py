@@ -407,6 +407,7 @@ class _Guard:
     caps: dict[str, dict[int, int]]
     floors: dict[str, dict[int, int]] = field(default_factory=dict)
     hold: bool = False
+    warm_until: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 def test_guard_stop_and_caps(

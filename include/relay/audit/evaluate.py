@@ -96,11 +96,13 @@ class LocalSpark:
         self.progress = progress
         self.cores, self.memory = cores, memory
         self._spark: Any = None
+        self._tmpdir: str | None = None  # the process's TMPDIR before the session, restored on close
         self.started_s = 0.0
 
     def session(self) -> Any:
         if self._spark is None:
             t0 = time.perf_counter()
+            self._tmpdir = os.environ.get("TMPDIR")
             self.progress("sink audit: starting a local Spark session to re-evaluate the transform")
             self._spark = _session(self.work_dir, self.cores, self.memory)
             self._spark.sparkContext.setLogLevel("ERROR")
@@ -129,9 +131,16 @@ class LocalSpark:
         return names, rows
 
     def close(self) -> None:
+        """Stop the session and give the process its TMPDIR back (a long scratch path left behind
+        broke a later Chromium, whose socket path in TMPDIR has to fit 107 bytes)."""
         if self._spark is not None:
             self._spark.stop()
             self._spark = None
+            if self._tmpdir is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = self._tmpdir
+            tempfile.tempdir = None
 
 
 def _session(work_dir: Path, cores: int, memory: str) -> Any:

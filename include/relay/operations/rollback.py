@@ -153,7 +153,8 @@ def protected_versions(ledger: Ledger) -> dict[str, list[str]]:
             why[str(done["data"]["blue_version"])].append(f"{p}'s rollback target")
         for op in ledger.in_progress(p, ALL_TERMINAL):  # pruned from its finish step: not DONE yet
             if op["kind"] == "upgrade":
-                why[str(op["params"]["version"])].append(f"{p}'s upgrade {op['id']} goes to it")
+                if op["params"].get("version"):  # every upgrade names one; never trip on a record
+                    why[str(op["params"]["version"])].append(f"{p}'s upgrade {op['id']} goes to it")
                 if op["data"].get("blue_version"):
                     why[str(op["data"]["blue_version"])].append(f"{p}'s upgrade {op['id']} replaces it")
     return {v: list(dict.fromkeys(reasons)) for v, reasons in why.items()}
