@@ -80,6 +80,7 @@ def written_past_commit(ledger: Ledger, cfg: RelayConfig, epoch: int) -> list[in
     return sorted(p for p, end in sunk.items() if end > committed.get(p, 0))
 
 
+@pytest.mark.slow  # make test-long: test_core and make chaos kill the counter; its replays are unit-tested
 def test_counter_applies_every_record_once_through_a_task_and_a_driver_crash(
     counter: RelayConfig,
 ) -> None:

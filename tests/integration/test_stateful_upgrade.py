@@ -117,6 +117,7 @@ def window_counts(
         yield cfg, package, url
 
 
+@pytest.mark.slow  # make test-long: make test upgrades a stateful pipeline in test_user_path_stateful
 def test_stateful_upgrade_under_load_matches_a_run_without_one(
     window_counts: tuple[RelayConfig, Path, str],
 ) -> None:

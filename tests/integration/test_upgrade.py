@@ -48,6 +48,7 @@ def _result_of(op: dict) -> dict:
     return {"state": op["state"], **op["data"]}
 
 
+@pytest.mark.slow  # make test-long: make test upgrades and aborts on a user pipeline (test_user_path_kafka)
 def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_config: RelayConfig) -> None:
     cfg = pipeline_config  # on SQLite and on PostgreSQL (READ COMMITTED: the handoff must lock blue)
     ledger = Ledger(cfg.ledger_url, create=True)

@@ -71,6 +71,7 @@ def check_every_offset(cfg: RelayConfig, ledger: Ledger, produced: int, *ops: di
     assert [(p, o, v) for (p, o), v in applied.items() if v != version(p, o)] == []
 
 
+@pytest.mark.slow  # make test-long: the model checks this abort; make test aborts in test_user_path_kafka
 def test_a_slow_green_fails_the_gate_and_blue_continues_after_what_it_applied(
     pipeline_config: RelayConfig,
 ) -> None:

@@ -1,5 +1,5 @@
-"""A stateful pipeline (examples/window_counts) stopped and redeployed, then recovered, under load,
-on a PostgreSQL ledger; the table checked with SQL against every record in Kafka.
+"""A stateful pipeline (examples/window_counts) upgraded, stopped and redeployed, then recovered, under
+load, on a PostgreSQL ledger; the table checked with SQL against every record in Kafka after each.
 
 Issue #29: a new instance (a deploy after a stop, a recovery's fresh instance) started with empty
 state but a newer writer generation, so its partial counts overwrote complete ones (10 of 95 rows
@@ -24,6 +24,7 @@ from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.recover import recover
 from relay.operations.stop import stop
+from relay.operations.upgrade import UpgradeState, upgrade
 from relay_dev.bench.context import driver_stdout
 
 from tests.conftest import wait_for
@@ -33,6 +34,7 @@ from tests.integration.test_stateful_upgrade import (
     EXAMPLE,
     WINDOW_S,
     WordLoad,
+    _check_handoff,
     kafka_windows,
     send_words,
     table,
@@ -61,13 +63,21 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
 ) -> None:
     cfg, package, url = windows
     ledger = Ledger(cfg.ledger_url)
-    version = f"{cfg.pipeline}-s1"
+    v1, version = f"{cfg.pipeline}-s1", f"{cfg.pipeline}-s2"
+    build_artifact(cfg, v1, pipeline_code=package)
     build_artifact(cfg, version, pipeline_code=package)
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
     send_words(cfg, 400)
-    first = deploy(cfg, version=version, wait_s=300)["instance_id"]
+    blue = deploy(cfg, version=v1, wait_s=300)["instance_id"]
     wait_for("the backlog to be counted", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
+
+    # An upgrade under load: green warms up in shadow before the handoff (relay.stateful).
+    with WordLoad(cfg):
+        result = upgrade(cfg, version, grace_s=300, drain_timeout_s=240)
+        assert result["state"] == UpgradeState.DONE.value, result
+        send_words(cfg, 100)  # windows open at H keep getting records after it
+    first = _check_handoff(cfg, ledger, url, result, {blue}).id
 
     # Stopped and deployed again while records keep coming: a new instance, a new checkpoint.
     with WordLoad(cfg):
@@ -76,7 +86,7 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
         send_words(cfg, 100)  # arrives while nothing runs
         second = deploy(cfg, version=version, wait_s=300)["instance_id"]
         send_words(cfg, 100, rate=50.0)
-    _check_new_writer(cfg, ledger, url, second, {first})
+    _check_new_writer(cfg, ledger, url, second, {blue, first})
 
     # A recovery (nothing deleted: strategy earliest resumes at the cursors) on an archived checkpoint.
     with WordLoad(cfg):
@@ -84,7 +94,7 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
         result = recover(cfg, strategy="earliest", dry_run=False, reason="test: a fresh instance", wait_s=300)
         send_words(cfg, 100, rate=50.0)
     assert result["state"] == "EXECUTED", result
-    _check_new_writer(cfg, ledger, url, result["instance_id"], {first, second})
+    _check_new_writer(cfg, ledger, url, result["instance_id"], {blue, first, second})
 
     report = audit(cfg, ledger, deep=True, sink=True)  # relay audit --deep: it reads the sink too
     assert report.ok, render(report.to_json())
