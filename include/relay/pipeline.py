@@ -255,17 +255,31 @@ def missing_columns(columns: Iterable[str]) -> list[str]:
     return [c for c in SOURCE_COLUMNS if c not in have]
 
 
+def lost_connection(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is the driver losing its JVM or a connection, not the
+    user's code failing: a chaos run's driver killed while its transform was checked was marked
+    FAILED for good ("ConnectionRefusedError" from py4j), and nothing relaunched it (issue #29)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionError | EOFError) or type(seen).__name__ == "Py4JNetworkError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def check_transform(pipeline: Pipeline, source_df: Any) -> Any:
     """Apply the transform to ``source_df`` (an empty DataFrame with the source's schema) on the
     driver, so a broken transform or a dropped column fails at start, not in a task hours later.
     A stateful transform's output is aggregated: it keeps no source columns (``relay.stateful``)."""
     try:
         out = pipeline.transform(source_df)
+        columns = getattr(out, "columns", None)
     except Exception as exc:  # noqa: BLE001 - the user's code: report whatever it raised
+        if lost_connection(exc):  # the driver's JVM went away under it: a crash, relaunched
+            raise
         raise PipelineError(
             f"pipeline {pipeline.name}: transform failed on the source schema: {type(exc).__name__}: {exc}"
         ) from exc
-    columns = getattr(out, "columns", None)
     if columns is None:
         raise PipelineError(
             f"pipeline {pipeline.name}: transform must return a DataFrame, got {type(out).__name__}"

@@ -184,3 +184,29 @@ def test_artifact_from_user_code_carries_the_package_and_runtime_only(tmp_path: 
     # Without code: Relay's default pipeline, the counter (tests/unit/test_default_pipeline.py).
     default = build_artifact(RelayConfig(data_dir=tmp_path), "v2")
     assert default.job_file.name == "pipeline_driver.py" and default.pipeline["module"] == "counter.pipeline"
+
+
+def test_a_driver_losing_its_jvm_while_the_transform_is_checked_crashes_and_is_relaunched() -> None:
+    """Issue #29's chaos run: a driver killed while its transform was checked was FAILED for good
+    ("transform failed on the source schema: ConnectionRefusedError"); that is a crash, not the
+    user's code, so it must not become a PipelineError (which ends the pipeline without relaunch)."""
+    from relay.pipeline import lost_connection
+
+    class Py4JNetworkError(Exception):  # py4j's, by name: the runtime imports no pyspark here
+        pass
+
+    def refused(df):  # noqa: ANN001, ANN202
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    p = Pipeline(name="p", topics=("t",), transform=refused, sink=FakeSink())
+    with pytest.raises(ConnectionRefusedError):
+        check_transform(p, object())
+    assert lost_connection(Py4JNetworkError("An error occurred while trying to connect"))
+    try:
+        try:
+            raise EOFError
+        except EOFError as inner:
+            raise RuntimeError("py4j: answer from Java side is empty") from inner
+    except RuntimeError as outer:
+        assert lost_connection(outer)
+    assert not lost_connection(ValueError("the user's bug"))
