@@ -314,3 +314,30 @@ class LocalPostgres:
             timeout=timeout_s + 10,
         )
         return True
+
+
+def database_with(server_url: str, schema: Path, name: str | None = None) -> str:
+    """A new database (``name``, else a random one) on the PostgreSQL server of ``server_url`` (any
+    SQLAlchemy or libpq URL), holding what ``schema`` (SQL) creates; its libpq URL (a secret)."""
+    import uuid
+
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    url = make_url(server_url).set(drivername="postgresql")
+    name = name or f"sink_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(url.render_as_string(hide_password=False))
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+    finally:
+        admin.close()
+    target = url.set(database=name).render_as_string(hide_password=False)
+    conn = psycopg2.connect(target)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(schema.read_text())
+    finally:
+        conn.close()
+    return target

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 
 import psycopg2
 from kafka import KafkaProducer
 from relay.config import PROJECT_ROOT
-from sqlalchemy.engine import make_url
+from relay_dev.postgres_local import database_with
 
 EXAMPLE = PROJECT_ROOT / "examples" / "json_upsert"
 IDS = 200
@@ -23,16 +22,7 @@ def libpq(url: str) -> str:
 
 def sink_database(postgres_url: str, schema: Path = EXAMPLE / "schema.sql") -> str:
     """A database of its own on the ledger's server, holding an example's table (libpq URL)."""
-    name = f"sink_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(libpq(postgres_url))
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    admin.close()
-    url = libpq(make_url(postgres_url).set(database=name).render_as_string(hide_password=False))
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute(schema.read_text())
-    return url
+    return database_with(postgres_url, schema)
 
 
 def table(url: str) -> Table:

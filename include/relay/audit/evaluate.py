@@ -24,6 +24,7 @@ from typing import Any
 
 from relay.audit.sink_report import SinkAuditError
 from relay.pipeline import Pipeline
+from relay.spark_local import local_session
 
 KAFKA_DDL = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
@@ -144,29 +145,5 @@ class LocalSpark:
 
 
 def _session(work_dir: Path, cores: int, memory: str) -> Any:
-    """A local session whose scratch stays in ``work_dir`` (as spark_jobs/local_session.py)."""
-    from pyspark.sql import SparkSession
-
-    for sub in ("local", "sock", "tmp"):
-        (work_dir / sub).mkdir(parents=True, exist_ok=True)
-    os.environ["TMPDIR"] = str(work_dir / "tmp")
-    tempfile.tempdir = None
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    return (
-        SparkSession.builder.master(f"local[{cores}]")
-        .appName("relay-audit")
-        .config("spark.driver.memory", memory)
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(cores))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.local.dir", str(work_dir / "local"))
-        .config("spark.python.unix.domain.socket.dir", str(work_dir / "sock"))
-        .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work_dir / 'tmp'} -XX:-UsePerfData")
-        .config("spark.sql.warehouse.dir", str(work_dir / "warehouse"))
-        .getOrCreate()
-    )
+    """A local session whose scratch stays in ``work_dir``, times in UTC (Kafka's timestamps)."""
+    return local_session("relay-audit", work_dir, memory, cores, {"spark.sql.session.timeZone": "UTC"})

@@ -15,6 +15,8 @@ from typing import Any
 
 from relay.config import PROJECT_ROOT
 
+from relay_dev.postgres_local import database_with
+
 EXAMPLE = PROJECT_ROOT / "examples" / "json_upsert"
 TOPIC = "json_upsert"  # the example's topic
 TABLE = "json_upsert_users"
@@ -71,27 +73,9 @@ def newest_rows(records: Iterable[tuple[int, int, bytes | None]]) -> list[tuple[
     return [best[k] for k in sorted(best)]
 
 
-def _libpq(url: str) -> str:
-    return "postgresql://" + url.split("://", 1)[1]
-
-
 def sink_database(ledger_url: str, name: str) -> str:
     """A fresh database on the ledger's server holding the example's table; its libpq URL."""
-    import psycopg2
-    from sqlalchemy.engine import make_url
-
-    admin = psycopg2.connect(_libpq(ledger_url))
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-    finally:
-        admin.close()
-    url = _libpq(make_url(ledger_url).set(database=name).render_as_string(hide_password=False))
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute((EXAMPLE / "schema.sql").read_text())
-    conn.close()
-    return url
+    return database_with(ledger_url, EXAMPLE / "schema.sql", name)
 
 
 def check_table(url: str, messages: int, ids: int) -> dict[str, int]:

@@ -9,9 +9,7 @@ same way. The counter needs nothing: its sink makes its own tables in the ledger
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from relay.config import RelayConfig
 from relay.errors import ConfigError
@@ -19,6 +17,7 @@ from relay.pipeline import load_package
 from relay.sink_declares import sink_declares
 
 from relay_dev.chaos.workloads import OutsideCount, count_kafka, count_upsert
+from relay_dev.postgres_local import database_with
 
 Progress = Callable[[str], None]
 
@@ -54,7 +53,9 @@ class SinkUnderTest:
             value = self.config.kafka_bootstrap
             self.progress(f"output topic {self.target!r} ready; the sink writes it on the stack's broker")
         else:
-            value = self.url = _database_with(self.config.ledger_url, folder / "schema.sql")
+            if not self.config.ledger_url.startswith("postgresql"):
+                raise ConfigError("the upsert workload needs the PostgreSQL ledger (relay chaos --postgres)")
+            value = self.url = database_with(self.config.ledger_url, folder / "schema.sql")
             self.progress(f"table {self.target!r} ready in a database of its own on the stack's PostgreSQL")
         name = pipeline.secret_env[0]
         self._saved[name] = os.environ.get(name)
@@ -76,27 +77,3 @@ class SinkUnderTest:
             else:
                 os.environ[name] = value
         self._saved.clear()
-
-
-def _database_with(ledger_url: str, schema: Path) -> str:
-    """A new database on the ledger's PostgreSQL server holding ``schema`` (SQL); its libpq URL."""
-    import psycopg2
-    from sqlalchemy.engine import make_url
-
-    if not ledger_url.startswith("postgresql"):
-        raise ConfigError("the upsert workload needs the PostgreSQL ledger (relay chaos --postgres)")
-    url = make_url(ledger_url)
-    libpq = url.set(drivername="postgresql")
-    name = f"chaos_sink_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(libpq.render_as_string(hide_password=False))
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-    finally:
-        admin.close()
-    target = libpq.set(database=name).render_as_string(hide_password=False)
-    with psycopg2.connect(target) as conn, conn.cursor() as cur:
-        cur.execute(schema.read_text())  # the example's schema.sql
-    conn.close()
-    return target

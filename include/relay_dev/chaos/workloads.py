@@ -20,7 +20,6 @@ A broker SIGKILL loses its last second of acknowledged records and hands their o
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from typing import Any
 
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.producer import POISON_KEY
+
+from relay_dev import witness
 
 KINDS = ("purchase", "view", "purchase", "refund", "purchase")  # 3 in 5 events are purchases
 USERS = 500  # distinct ids of the upsert workload
@@ -150,47 +151,16 @@ def count_upsert(
 
 def read_committed(bootstrap: str, topic: str, timeout_s: float = 300.0) -> list[tuple[int, bytes]]:
     """(partition, value) of every record a read_committed confluent-kafka consumer sees."""
-    return [(p, v) for (p, _), v in read_committed_positions(bootstrap, topic, timeout_s).items()]
+    return [(r.partition, r.value or b"") for r in witness.read_committed(bootstrap, topic, timeout_s)]
 
 
 def read_committed_positions(
     bootstrap: str, topic: str, timeout_s: float = 300.0
 ) -> dict[tuple[int, int], bytes]:
-    """(partition, offset) -> value of every record a read_committed confluent-kafka consumer sees,
-    each partition from its beginning to its last stable offset."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"relay-chaos-witness-{time.monotonic_ns()}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        parts = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        done: set[int] = set()
-        out: dict[tuple[int, int], bytes] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(parts):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} took over {timeout_s:g}s")
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    done.add(msg.partition())
-                    continue
-                raise RuntimeError(f"reading {topic}: {msg.error()}")
-            done.discard(msg.partition())
-            out[(msg.partition(), msg.offset())] = msg.value() or b""
-        return out
-    finally:
-        consumer.close()
+    """(partition, offset) -> value of every record a read_committed confluent-kafka consumer sees."""
+    return {
+        (r.partition, r.offset): r.value or b"" for r in witness.read_committed(bootstrap, topic, timeout_s)
+    }
 
 
 def example_of(workload: str) -> Path:
