@@ -7,7 +7,7 @@ import signal
 import threading
 
 import pytest
-from relay.audit import audit
+from relay.audit import audit, render
 from relay.config import RelayConfig
 from relay.errors import OperationError
 from relay.kafka_offsets import KafkaOffsets
@@ -79,6 +79,12 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     wait_for("the restart to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     report = audit(cfg, ledger)
     assert report.ok and report.message_count == 20300, report.to_json()
+    # relay audit --deep as a person runs it after make run: in a shell without the ledger's URL in
+    # the environment (each driver has it; the counter's sink reads it there), reading the sink.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("RELAY_LEDGER_URL", raising=False)
+        deep = audit(cfg, ledger, deep=True, sink=True)
+    assert deep.ok and deep.sink is not None and deep.sink.kind == "counter", render(deep.to_json())
 
     # A fenced instance's driver exits on purpose (0) and the master's supervision does not relaunch it.
     ledger.fence(second["instance_id"], "test: fenced by an operator")

@@ -144,7 +144,7 @@ def _audit(run: _Run) -> SinkAudit:
     if code.package is None:
         return _counter(run)
     pipeline = load(code)
-    sink = build_sink(pipeline)
+    sink = build_sink(pipeline, config)
     run.audit = _describe(sink, pipeline)
     if not run.audit.read:
         return run.audit
@@ -162,10 +162,19 @@ def _audit(run: _Run) -> SinkAudit:
     return run.audit
 
 
-def build_sink(pipeline: Pipeline) -> Any:
-    """The sink as the driver builds it: the factory called with ``secret_env`` from the environment."""
+def build_sink(pipeline: Pipeline, config: RelayConfig) -> Any:
+    """The sink as the driver builds it: the factory called with ``secret_env`` from the environment
+    and the ledger's URL where every driver has it (the counter's sink writes to the ledger)."""
+    from relay.launcher import LEDGER_URL_ENV
+
     secret_values(pipeline, os.environ)  # names a missing variable, never a value
-    return pipeline.build_sink()
+    had = os.environ.get(LEDGER_URL_ENV)
+    os.environ[LEDGER_URL_ENV] = had or config.ledger_url
+    try:
+        return pipeline.build_sink()
+    finally:
+        if had is None:
+            os.environ.pop(LEDGER_URL_ENV, None)
 
 
 def _describe(sink: Any, pipeline: Pipeline) -> SinkAudit:
