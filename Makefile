@@ -51,7 +51,8 @@ bench: setup
 
 # The full chaos run: 10 minutes of faults (22 of every kind, Airflow's scheduler and 65 s ledger locks
 # included) on a private stack under var/chaos/, on the counter (examples/counter, Relay's default pipeline);
-# CHAOS_ARGS adds options (e.g. --postgres, --seed 3, --pipeline-code PKG: another pipeline package).
+# CHAOS_ARGS adds options (e.g. --postgres, --seed 3, --pipeline-code examples/kafka_to_kafka: the shuffling
+# Kafka example, counted from outside with confluent-kafka; examples/json_upsert: the upsert, by SQL).
 chaos: setup
 	$(RELAY) chaos --minutes 10 $(CHAOS_ARGS)
 
