@@ -18,11 +18,8 @@ import argparse
 import json
 import logging
 import os
-import signal
-import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +38,10 @@ from driver_checks import (
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
 from query_progress import log_progress
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
+from relay.kafka_identity import Marker, TopicChangedError, check_identity
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
-from relay.ledger.models import AttemptState, InstanceState, Offsets
+from relay.ledger.models import AttemptState, Instance, InstanceState, Offsets
+from relay.ledger.outage import Outage
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
 from relay.protocol.checkpoint import planned_offsets
 from relay.standby_priority import standby_nice
@@ -54,7 +53,7 @@ log = logging.getLogger("relay.job")
 EXIT_OK = 0
 EXIT_RETRY = 1  # transient: let the master relaunch
 
-__all__ = ["EXIT_OK", "EXIT_RETRY", "LAUNCH_TOKEN_ENV", "DriverRuntime", "run_main"]
+__all__ = ["EXIT_OK", "EXIT_RETRY", "LAUNCH_TOKEN_ENV", "DriverRuntime"]
 
 
 def no_retry_exit(args: argparse.Namespace | None, local_code: int) -> int:
@@ -159,7 +158,7 @@ class DriverRuntime:
             return self._run_attempt(predecessors)
         except ZombieAttemptError as exc:  # Step 4. Exit so that supervision does not relaunch
             return self._end(AttemptState.FENCED, str(exc), no_retry_exit(args, 4))
-        except DataLossError as exc:
+        except (DataLossError, TopicChangedError) as exc:  # a relaunch cannot fix them: relay recover
             ledger.set_instance(inst.id, state=InstanceState.FAILED, error=str(exc))
             return self._end(AttemptState.FAILED, str(exc), no_retry_exit(args, 3))
         except self.fatal_errors as exc:  # e.g. a broken pipeline definition: a relaunch runs the same code
@@ -199,6 +198,7 @@ class DriverRuntime:
         if fail_at_start:
             raise RuntimeError(f"version {version} was built to fail at start-up (build --fail-at-start)")
         check_data_loss(ledger, inst.id, args.bootstrap)
+        check_identity(ledger, args.bootstrap, inst.pipeline, args.topic)
         self._wait_for_predecessors(predecessors)
         if self.instance.state.standby:
             self.standby_cpu.lower_driver()
@@ -323,23 +323,22 @@ class DriverRuntime:
             raise
 
     def _supervise(self, query: Any) -> int:
-        ledger, inst, attempt = self.ledger, self.instance, self.attempt
         logged: tuple[int, str] | None = None  # the last batch whose progress was logged
+        outage = Outage("supervision")
+        marker = Marker(self.ledger, self.args.bootstrap, self.instance.pipeline, self.args.topic)
         while query.awaitTermination(1.0) is not True and query.isActive:
             logged = log_progress(query, logged)
-            current = ledger.instance(inst.id)
-            if current.current_epoch != attempt.epoch or not current.state.live:
-                query.stop()
-                raise ZombieAttemptError(
-                    f"attempt {attempt.id} (epoch {attempt.epoch}) superseded: "
-                    f"instance {inst.id} is at epoch {current.current_epoch}, {current.state.value}"
-                )
-            ledger.heartbeat(attempt.id)
-            if query.status.get("message") == "Waiting for data to arrive":
-                if current.state is InstanceState.STARTING:
-                    ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
-                elif current.state is InstanceState.STANDBY:  # warm: query up, first trigger done
-                    self.mark_ready()
+            if not self.standby:
+                marker.tick()
+            try:
+                current = self._look(query)
+            except LedgerUnavailableError as exc:  # the query goes on: every commit checks the epoch
+                if self.stop_signal:
+                    return self._terminated(query)
+                if outage.failed(exc):
+                    continue
+                raise
+            outage.ok()
             if current.stop_requested:
                 return self._graceful_stop(query)
             if self.stop_signal:
@@ -350,6 +349,24 @@ class DriverRuntime:
         if exc is not None:
             raise RelayError(f"streaming query failed: {exc}")
         return self._end(AttemptState.STOPPED, None, EXIT_OK)
+
+    def _look(self, query: Any) -> Instance:
+        """The supervision loop's look at the ledger: superseded (a zombie), heartbeat, warm."""
+        ledger, inst, attempt = self.ledger, self.instance, self.attempt
+        current = ledger.instance(inst.id)
+        if current.current_epoch != attempt.epoch or not current.state.live:
+            query.stop()
+            raise ZombieAttemptError(
+                f"attempt {attempt.id} (epoch {attempt.epoch}) superseded: "
+                f"instance {inst.id} is at epoch {current.current_epoch}, {current.state.value}"
+            )
+        ledger.heartbeat(attempt.id)
+        if query.status.get("message") == "Waiting for data to arrive":
+            if current.state is InstanceState.STARTING:
+                ledger.set_instance(inst.id, state=InstanceState.ACTIVE)
+            elif current.state is InstanceState.STANDBY:  # warm: query up, first trigger done
+                self.mark_ready()
+        return current
 
     def _terminated(self, query: Any) -> int:
         """SIGTERM with no stop asked in the ledger: Spark killing the driver, a host shutting down,
@@ -378,31 +395,3 @@ class DriverRuntime:
             self.ledger.set_instance(inst.id, state=InstanceState.STOPPED)
         log.info("stopped gracefully")
         return self._end(AttemptState.STOPPED, None, EXIT_OK)
-
-
-def run_main(
-    argv: list[str] | None,
-    parse: Callable[[list[str]], argparse.Namespace],
-    driver_class: Callable[[argparse.Namespace], DriverRuntime],
-) -> int:
-    """Parse, open the ledger, run the attempt; every failure mapped to its deliberate exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    supervised = "--supervised" in argv
-    try:
-        driver = driver_class(parse(argv))
-    except LedgerUnavailableError as exc:  # transient: the relaunch may find the ledger back
-        log.error("cannot start (will be relaunched): %s", exc)
-        return EXIT_RETRY
-    except RelayError as exc:  # bad arguments, no such instance: a relaunch cannot fix it
-        log.error("cannot start: %s", exc)
-        return EXIT_OK if supervised else 2
-    signal.signal(signal.SIGTERM, lambda *_: setattr(driver, "stop_signal", True))
-    code = driver.run()
-    log.info("exit %s", code)
-    return code
-
-
-def exit_now(code: int) -> None:
-    logging.shutdown()
-    os._exit(code)  # py4j threads must not keep a finished driver alive

@@ -45,7 +45,7 @@ from kafka_offsets_plan import (
     to_offset_json,
 )
 from kafka_partition_read import read_partition
-from kafka_source_options import SourceSettings, ledger_url_from_env, session_task_slots
+from kafka_source_options import SourceSettings, ledger_url_from_env, spark_task_slots
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -62,7 +62,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from relay.errors import ConfigError, KafkaError
+from relay.errors import ConfigError, KafkaError, LedgerUnavailableError
+from relay.ledger.outage import Outage, ride_out
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_end: PartitionOffsets | None = None
         self._metadata_at = float("-inf")  # monotonic time of the last full metadata refresh
         self._latest_seen: tuple[float, PartitionOffsets] | None = None  # for reportLatestOffset
+        self._outage = Outage("the source's planning")  # Kafka or the ledger briefly away
 
     def __getstate__(self) -> dict[str, Any]:
         """The reader is pickled to executors for read(); a live consumer must not travel along."""
@@ -261,8 +263,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         try:
             earliest, latest = self._offsets(self._topic_partitions())
-        except Exception:
-            if _idle(self._read_guard()):  # Kafka is down: a standby or a stopping query needs no offsets
+        except KafkaError as exc:  # no batch this trigger; the query fails past the outage's bound
+            if self._outage.failed(exc) or _idle(self._read_guard()):
                 return start
             raise
         self._latest_seen = (time.monotonic(), latest)
@@ -286,7 +288,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 warm_until=guard.warm_until if guard is not None else None,
             )
 
-        until = self._plan(plan)
+        try:
+            until = self._plan(plan)
+        except LedgerUnavailableError as exc:
+            if self._outage.failed(exc):
+                return start
+            raise
+        self._outage.ok()
         if until is None:
             return start
         # Under failOnDataLoss=false the batch's start stays below earliest in Spark's offsets;
@@ -336,7 +344,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if seen is not None and time.monotonic() - seen[0] < REPORT_REUSE_S:
             latest = seen[1]
         else:
-            _, latest = self._offsets(self._topic_partitions())
+            try:
+                _, latest = self._offsets(self._topic_partitions())
+            except KafkaError:  # Kafka briefly away: no lag figure this trigger (latestOffset decides)
+                return None
         return to_offset_json(latest) if latest else None
 
     def partitions(self, start: OffsetJson, end: OffsetJson) -> list[InputPartition]:
@@ -344,7 +355,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         session's task slots), partitions sharing tasks (:func:`group_ranges`); a new partition is
         absent from ``start`` and sits at its first offset in ``end``, so it yields no task yet."""
         begin = from_offset_json(start)
-        guard = self._read_guard()
+        guard = ride_out(self._read_guard, "the source's task planning")
         floors = guard.floors if guard is not None else {}
         ranges: list[ReadRange] = []
         for (topic, partition), stop in sorted(from_offset_json(end).items()):
@@ -390,15 +401,5 @@ def register(spark: Any) -> None:
     helpers = (kafka_offsets_plan, kafka_source_options, kafka_consumer_pool, kafka_partition_read)
     for module in (*helpers, sys.modules[__name__]):
         cloudpickle.register_pickle_by_value(module)  # its helper modules too: same reason
-    KafkaDataSource.task_slots = _task_slots(spark)  # pickled with the class when registered
+    KafkaDataSource.task_slots = spark_task_slots(spark)  # pickled with the class when registered
     spark.dataSource.register(KafkaDataSource)
-
-
-def _task_slots(spark: Any) -> int | None:
-    """The session's task slots (:func:`session_task_slots`), None when they can't be read."""
-    try:
-        conf = dict(spark.sparkContext.getConf().getAll())
-        return session_task_slots(conf, spark.sparkContext.master)
-    except Exception:  # noqa: BLE001 - a session without a readable conf plans one task per partition
-        log.debug("could not read the session's task slots", exc_info=True)
-        return None

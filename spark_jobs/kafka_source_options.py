@@ -7,6 +7,7 @@ The settings object is small and picklable: it travels to executors inside the r
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from typing import Any
 
 from kafka_offsets_plan import SOURCE_NAME, parse_starting_offsets
 from relay.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LEDGER_URL_ENV = "RELAY_LEDGER_URL"
 
@@ -164,3 +167,13 @@ def _positive(raw: str | None) -> int | None:
     except (TypeError, ValueError):
         return None
     return value if value > 0 else None
+
+
+def spark_task_slots(spark: Any) -> int | None:
+    """The session's task slots (:func:`session_task_slots`), None when they can't be read."""
+    try:
+        conf = dict(spark.sparkContext.getConf().getAll())
+        return session_task_slots(conf, spark.sparkContext.master)
+    except Exception:  # noqa: BLE001 - a session without a readable conf plans one task per partition
+        log.debug("could not read the session's task slots", exc_info=True)
+        return None

@@ -11,7 +11,8 @@ is the Kafka source's) per micro-batch, the lifecycle being ``driver_runtime``'s
   transaction) and returns one row of counts; the driver collects only those (its memory does not
   depend on the batch size); or, for ``ForEachBatch``, the user's function with the batch limited
   to the ranges;
-- Step 3: ``commit_cursors``, ONE ledger transaction moves the cursors to the planned end;
+- Step 3: ``commit_cursors``, ONE ledger transaction moves the cursors to the planned end (repeated
+  while the ledger is briefly away, never applied twice: ``commit_riding_out``);
 - Step 4: a task fenced in the sink, or a commit refused by the ledger, means this attempt is a
   zombie: the query stops and the driver exits 0 (supervision must not relaunch it).
 Before the first batch the sink is prepared and fenced to this attempt's epoch, so tasks of an older
@@ -35,10 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # kafka_source, driver
 
 from driver_checks import starting_offsets  # noqa: E402
 from driver_inputs import arg_parser, check_args  # noqa: E402
-from driver_runtime import DriverRuntime, exit_now, run_main  # noqa: E402
+from driver_main import exit_now, run_main  # noqa: E402
+from driver_runtime import DriverRuntime  # noqa: E402
 from relay.crashpoints import crash_point  # noqa: E402
 from relay.errors import ConfigError, ZombieAttemptError  # noqa: E402
 from relay.ledger.models import Offsets  # noqa: E402
+from relay.ledger.outage import ride_out  # noqa: E402
 from relay.pipeline import (  # noqa: E402
     BatchContext,
     ForEachBatch,
@@ -60,7 +63,7 @@ from relay.pipeline_tasks import (  # noqa: E402
     take_over_once,
     whole_source_partitions,
 )
-from relay.protocol.commit import commit_cursors  # noqa: E402
+from relay.protocol.commit import commit_riding_out  # noqa: E402
 from relay.protocol.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
 from relay.protocol.prepare import Ranges, prepare_tasks  # noqa: E402
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult  # noqa: E402
@@ -297,7 +300,10 @@ class PipelineDriver(DriverRuntime):
         p, attempt = self.pipeline, self.attempt
         t0 = time.perf_counter()
         # Step 2. The ranges the tasks may write, and the dead predecessors to fence first.
-        ranges, predecessors = prepare_tasks(self.ledger, attempt, start, end, self.predecessors)
+        ranges, predecessors = ride_out(
+            lambda: prepare_tasks(self.ledger, attempt, start, end, self.predecessors),
+            f"batch {batch_id}: prepare",
+        )
         t1 = time.perf_counter()
         if p.stateful:  # aggregated rows: the writer's position, not the records' (relay.stateful)
             gen = generation(lease.id for lease in self.ledger.leases(self.instance.id))
@@ -328,7 +334,7 @@ class PipelineDriver(DriverRuntime):
         t3 = time.perf_counter()
         crash_point(CRASH_BEFORE_LEDGER_COMMIT)
         # Step 3. ONE ledger transaction moves the cursors (Step 4: ZombieAttemptError if refused).
-        result = commit_cursors(self.ledger, attempt, batch_id, start, end, counts, started)
+        result = commit_riding_out(self.ledger, attempt, batch_id, start, end, counts, started)
         log.info(
             "batch %s: rows in %s written %s skipped %s (tasks); cursors %s; commit %.1f ms "
             "(prepare %.0f ms, transform + plan %.0f ms, tasks %.0f ms)",

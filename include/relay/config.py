@@ -192,6 +192,17 @@ class RelayConfig:
         return self.data_dir / "logs"
 
     @property
+    def airflow_url(self) -> str:
+        """The embedded stack's Airflow API server (its home is ``<data_dir>/airflow``)."""
+        return f"http://{self.host}:{self.ports.airflow}"
+
+    @property
+    def airflow_supervised(self) -> bool:
+        """The embedded stack runs Airflow for this data dir (``relay stack up``; ``relay airflow down``
+        removes its programs): then health checks Airflow too."""
+        return (self.data_dir / "supervisor" / "programs" / "airflow-scheduler.conf").is_file()
+
+    @property
     def secrets_dir(self) -> Path:
         return self.data_dir / "secrets"
 

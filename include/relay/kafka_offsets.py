@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+import zlib
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -17,6 +19,20 @@ from kafka import errors as kerrors
 from kafka.admin import ConfigFilterType, ConfigResource, ConfigResourceType, NewTopic
 
 from relay.errors import KafkaError, TopicNotFoundError
+
+
+@dataclass(frozen=True)
+class RecordMark:
+    """One record's identity: its offset, timestamp and a CRC-32 of its key and value."""
+
+    offset: int
+    timestamp_ms: int
+    crc: int
+
+    @classmethod
+    def of(cls, record: Any) -> RecordMark:
+        crc = zlib.crc32(record.value or b"", zlib.crc32(record.key or b""))
+        return cls(int(record.offset), int(record.timestamp), crc)
 
 
 class KafkaOffsets:
@@ -151,12 +167,22 @@ class KafkaOffsets:
 
         Why: the record at a consumer's cursor is the oldest one it has not applied, so its timestamp
         tells how far behind in time the consumer is, with no rate extrapolated from offset history.
+        None as :meth:`records_at` says, and for a record without a timestamp (-1).
+        """
+        found = self.records_at(topic, offsets, wait_s)
+        return {p: (r.timestamp_ms if r and r.timestamp_ms >= 0 else None) for p, r in found.items()}
+
+    def records_at(
+        self, topic: str, offsets: dict[int, int], wait_s: float | None = None
+    ) -> dict[int, RecordMark | None]:
+        """The first record at or after ``offsets[p]`` per partition, as a :class:`RecordMark`.
+
         A dedicated consumer (no group, ``auto_offset_reset='none'``) reads at most one fetch per
         partition and never moves the shared one; a partition whose offset is out of range (retention
-        removed it), past the end, without a timestamp (-1), or not fetched within ``wait_s`` (default
-        ``timeout_s``; only control records left, e.g. a transaction marker) maps to None.
+        removed it), past the end, or not fetched within ``wait_s`` (default ``timeout_s``; only
+        control records left, e.g. a transaction marker) maps to None.
         """
-        result: dict[int, int | None] = {int(p): None for p in offsets}
+        result: dict[int, RecordMark | None] = {int(p): None for p in offsets}
         wanted = {TopicPartition(topic, int(p)): int(off) for p, off in offsets.items() if off >= 0}
         if not wanted:
             return result
@@ -168,10 +194,10 @@ class KafkaOffsets:
                 auto_offset_reset="none",
                 request_timeout_ms=max(self._timeout_ms, 1000) + 500,
                 bootstrap_timeout_ms=self._timeout_ms,
-                client_id="relay-timestamps",
+                client_id="relay-records-at",
             )
         except Exception as exc:
-            raise self._fail("connect (timestamps)", topic, exc) from exc
+            raise self._fail("connect (records at offsets)", topic, exc) from exc
         try:
             consumer.assign(list(wanted))
             for tp, off in wanted.items():
@@ -181,7 +207,7 @@ class KafkaOffsets:
             while pending and time.monotonic() < deadline:
                 try:
                     fetched = consumer.poll(timeout_ms=200, max_records=500)
-                except kerrors.OffsetOutOfRangeError as exc:  # retention removed it: no timestamp
+                except kerrors.OffsetOutOfRangeError as exc:  # retention removed it: no record
                     named = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
                     for tp in (set(named) & pending) or set(pending):
                         pending.discard(tp)
@@ -189,12 +215,11 @@ class KafkaOffsets:
                     continue
                 for tp, records in fetched.items():
                     if tp in pending and records:
-                        ts = int(records[0].timestamp)
-                        result[tp.partition] = ts if ts >= 0 else None
+                        result[tp.partition] = RecordMark.of(records[0])
                         pending.discard(tp)
                         consumer.pause(tp)
         except Exception as exc:
-            raise self._fail("read record timestamps of", topic, exc) from exc
+            raise self._fail("read the records at offsets of", topic, exc) from exc
         finally:
             with contextlib.suppress(Exception):  # closing must never mask the caller's error
                 consumer.close()

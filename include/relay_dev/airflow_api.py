@@ -24,7 +24,7 @@ def airflow_home(config: RelayConfig) -> Path:
 
 
 def base_url(config: RelayConfig) -> str:
-    return f"http://{config.host}:{config.ports.airflow}"
+    return config.airflow_url
 
 
 def passwords_file(config: RelayConfig) -> Path:

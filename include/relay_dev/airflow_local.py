@@ -47,7 +47,7 @@ from relay_dev.airflow_api import (
     wait_dag_run,
 )
 from relay_dev.ports import port_taken
-from relay_dev.proc_info import pid_alive, rss_mb
+from relay_dev.proc_info import rss_mb
 from relay_dev.supervision import Program, Supervisor, group_pids
 
 log = logging.getLogger(__name__)
@@ -254,8 +254,7 @@ class LocalAirflow:
 
     def pid(self, component: str) -> int | None:
         """PID of ``component`` (``scheduler``, ...) as supervisord reports it; None when down."""
-        info = self.supervisor.info(program_name(component))
-        return info.pid if info and info.pid and pid_alive(info.pid) else None
+        return self.supervisor.part_pid(program_name(component))
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -334,7 +333,7 @@ class LocalAirflow:
             info = infos.get(program_name(name))
             if info is None:
                 continue
-            pid = info.pid if info.pid and pid_alive(info.pid) else None
+            pid = self.supervisor.part_pid(program_name(name))
             restarts = self.supervisor.restarts(program_name(name))
             parts.append(ComponentStatus(name, pid, pid is not None, rss_mb(pid), info.state, restarts))
         healthy, detail = self.api_healthy()

@@ -129,8 +129,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
     ch.add_argument(
         "--kinds",
         default=None,
-        help="comma-separated: driver,executor,worker,master,broker,scheduler,ledger-lock (or all); "
-        "default: all for a 10-minute run, all but scheduler for shorter ones",
+        help="comma-separated: driver,executor,worker,master,broker,scheduler,ledger-lock,ledger "
+        "(ledger: the PostgreSQL ledger's server killed; needs --postgres) or all; default: all for "
+        "a 10-minute run, all but scheduler for shorter ones (ledger only with --postgres)",
     )
     ch.add_argument(
         "--seed", type=int_at_least(0), default=None, help="seed of the fault schedule (default 1)"

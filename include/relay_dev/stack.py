@@ -34,6 +34,7 @@ from relay.spark_auth import signer_for
 from relay.spark_install import spark_home
 from relay.spark_rest import SparkStandaloneClient
 
+from relay_dev import keeper
 from relay_dev.ports import port_taken
 from relay_dev.postgres_local import LocalPostgres
 from relay_dev.proc_info import pid_alive, rss_mb, session_pids
@@ -163,6 +164,12 @@ class LocalStack:
         cmd += ["--webui-port", str(p.spark_worker_ui), c.spark_master_url]
         return Program(part.value, cmd, env, c.data_dir, "TERM", priority=300)
 
+    def _keeper(self) -> Program:
+        """``relay_dev.keeper``: supervisord back when it dies (first started, last stopped)."""
+        cmd = [sys.executable, "-m", "relay_dev.keeper", "--data-dir", str(self.config.data_dir)]
+        cmd += ["--logs-dir", str(self.supervisor.logs_dir)]
+        return Program(keeper.NAME, cmd, dict(os.environ), self.config.data_dir, startsecs=1, priority=1)
+
     def _ports(self, part: Part) -> list[int]:
         p = self.config.ports
         return {
@@ -261,9 +268,9 @@ class LocalStack:
         return [*base, Part.POSTGRES] if with_postgres else base
 
     def pid(self, part: Part | str) -> int | None:
-        """The part's PID as supervisord reports it (it changes at every restart), None when down."""
-        info = self.supervisor.info(str(part))
-        return info.pid if info and info.pid and pid_alive(info.pid) else None
+        """The part's PID (it changes at every restart), None when down: the one supervisord
+        reports, or the part a wrapper adopted after supervisord came back."""
+        return self.supervisor.part_pid(str(part))
 
     def up(self, with_postgres: bool = False) -> dict[str, Any]:
         """Start supervisord and what is not running, reuse what is healthy; ``status()`` + timings."""
@@ -274,6 +281,7 @@ class LocalStack:
         for part in parts:  # before supervisord starts: a refused `up` leaves nothing running
             self._preflight(part, infos.get(part.value))
         self.supervisor.ensure_running()
+        self.supervisor.ensure_program(self._keeper())
         timings: dict[str, float] = {}
         for part in parts:
             t0 = time.monotonic()
@@ -328,18 +336,21 @@ class LocalStack:
         parts = []
         for part in self.parts(with_postgres):
             info = infos.get(part.value)
-            pid = info.pid if info and info.pid and pid_alive(info.pid) else None
+            pid = self.supervisor.part_pid(part.value) if info else None
             healthy, detail = self.probe(part)
             row = PartStatus(part.value, self._address(part), pid, healthy, detail, rss_mb(pid))
             row.state = info.state if info else "NOT STARTED"
             row.restarts = self.supervisor.restarts(part.value)
             parts.append(asdict(row))
+        keeper_info = infos.get(keeper.NAME)
         return {
             "data_dir": str(self.config.data_dir),
-            "healthy": all(p["healthy"] for p in parts),
+            "healthy": bool(infos) and all(p["healthy"] for p in parts),
             "supervisor": {
+                "running": bool(infos),
                 "pid": self.supervisor.pid() if infos else None,
                 "conf": str(self.supervisor.conf_file),
+                "keeper": keeper_info.state if keeper_info else "NOT STARTED",
             },
             "parts": parts,
         }

@@ -12,6 +12,15 @@ running longer than ``startsecs`` is restarted forever): after ``MAX_STARTS`` st
 ``WINDOW_S`` it exits 1 at once, so supervisord backs off and the program ends FATAL. ``relay stack
 up`` clears the history (an explicit start by a person).
 
+Parts outlive supervisord. A part writes its log itself (``--log``, opened here and made its
+stdout and stderr before the exec): writing to supervisord's pipe, Airflow's triggerer and DAG
+processor died within 30 s of supervisord's death (a write to a pipe nobody reads). And when
+supervisord comes back (its keeper, ``relay_dev.keeper``, or ``relay stack up``), the wrapper it
+starts finds the part it recorded still running and **adopts** it instead of starting a second copy:
+it waits until the part ends, forwarding supervisord's stop signals to the part's group, then exits
+so that supervisord starts the part anew. Nothing that runs is restarted: not the worker, so not
+the drivers on it.
+
 Stdlib only, started as ``python -I <this file>``: it must not depend on the environment it is
 about to replace. The environment of the part comes from a 0600 JSON file (``--env-file``): secrets
 never appear on a command line. ``--user`` drops root for PostgreSQL after the cleanup.
@@ -79,6 +88,41 @@ def clear_group(pgid: int, leader_start: int | None, grace_s: float) -> list[int
     return pids
 
 
+def running(pid: int, start: int | None) -> bool:
+    """``pid`` is alive and is the process that was recorded (same start time)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X") and (start is None or int(fields[19]) == start)
+
+
+def adopt(name: str, pid: int, pgid: int, start: int | None) -> int:
+    """Wait for a part that outlived its supervisord; stop signals go to its group. Exits 0 when it
+    was stopped through this wrapper, 1 when it ended by itself (supervisord then starts it anew)."""
+    asked: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        asked.append(signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    print(f"supervised_exec: {name}: pid {pid} (group {pgid}) outlived its supervisord: adopted", flush=True)
+    while running(pid, start):
+        time.sleep(0.5)
+    print(f"supervised_exec: {name}: adopted pid {pid} ended", flush=True)
+    return 0 if asked else 1
+
+
+def log_to(path: Path) -> None:
+    """The part's stdout and stderr: its own log file, appended to (not supervisord's pipe)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def write_private(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -102,16 +146,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--env-file", type=Path)
     parser.add_argument("--user")
     parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("--log", type=Path)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command after --")
     name = args.group_file.stem
+    if args.log is not None:
+        log_to(args.log)
     try:
         previous = json.loads(args.group_file.read_text())
     except (OSError, ValueError):
         previous = {}
+    part = previous.get("pid")
+    if part and part != os.getpid() and running(int(part), previous.get("start")):
+        return adopt(name, int(part), int(previous.get("pgid") or part), previous.get("start"))
     now = time.time()
     starts = [t for t in previous.get("starts", []) if now - t < WINDOW_S]
     if len(starts) >= MAX_STARTS:

@@ -214,12 +214,12 @@ files = {_q(self.programs_dir)}/*.conf
     def write_program(self, program: Program) -> None:
         """The program's section and its environment file, both 0600."""
         write_private(self.env_file(program.name), json.dumps(program.env))
+        log = self.logs_dir / f"{program.name}.log"
         wrapper = [sys.executable, "-I", str(WRAPPER), "--group-file", str(self.group_file(program.name))]
-        wrapper += ["--env-file", str(self.env_file(program.name))]
+        wrapper += ["--env-file", str(self.env_file(program.name)), "--log", str(log)]
         if program.user:
             wrapper += ["--user", program.user]
         command = " ".join(_arg(a) for a in [*wrapper, "--", *program.command])
-        log = self.logs_dir / f"{program.name}.log"
         section = f"""[program:{program.name}]
 command={command}
 directory={_q(program.cwd)}
@@ -234,8 +234,7 @@ stopasgroup=true
 killasgroup=true
 redirect_stderr=true
 stdout_logfile={_q(log)}
-stdout_logfile_maxbytes=50MB
-stdout_logfile_backups=3
+stdout_logfile_maxbytes=0
 """
         write_private(self.program_file(program.name), section)
 
@@ -317,6 +316,21 @@ stdout_logfile_backups=3
             return int(record["pgid"]), record.get("start")
         except (OSError, ValueError, KeyError):
             return None
+
+    def part_pid(self, name: str) -> int | None:
+        """The PID of ``name``'s part, None when down: supervisord's, or, when the wrapper it runs
+        adopted a part that outlived the previous supervisord, the adopted part's."""
+        info = self.info(name)
+        if info is None or not info.pid or not _alive(info.pid):
+            return None
+        try:
+            record = json.loads(self.group_file(name).read_text())
+            recorded = int(record["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return info.pid
+        if recorded != info.pid and supervised_exec.running(recorded, record.get("start")):
+            return recorded
+        return info.pid
 
     def leftovers(self, name: str) -> list[int]:
         """Live processes of the group ``name``'s latest run recorded."""

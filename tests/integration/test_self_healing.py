@@ -190,3 +190,46 @@ def test_a_killed_master_recovers_its_driver_and_the_pipeline_keeps_committing(h
     report = audit(cfg, ledger)
     assert report.ok and report.message_count == 800, report.to_json()
     ledger.close()
+
+
+def test_a_killed_supervisord_comes_back_and_restarts_nothing(healing: Healing) -> None:
+    """supervisord SIGKILLed: every part runs on (it logs to its own file), the keeper starts
+    supervisord again, whose wrappers adopt the parts (same PIDs: the worker and its drivers live on);
+    `relay stack up` then starts nothing; and supervision works again (a part killed comes back)."""
+    h = healing
+    sup = h.stack.supervisor
+    names = sup.configured()
+    assert "supervisor-keeper" in names and "spark-worker" in names
+    before = {name: h.stack.pid(name) for name in names}
+    assert all(before.values()), before
+    old = sup.pid()
+    killed_at = time.time()
+    os.kill(old, signal.SIGKILL)
+    wait_for("supervisord back under a new pid", lambda: sup.running() and sup.pid() != old, timeout=60)
+    wait_for(
+        "every program RUNNING again",
+        lambda: set(sup.infos()) >= set(names) and all(i.state == "RUNNING" for i in sup.infos().values()),
+        timeout=90,
+    )
+    assert {name: h.stack.pid(name) for name in names} == before, "a part was restarted, not adopted"
+    # Restarts count from the new supervisord (adopting a part is no restart of it).
+    wait_for(
+        "restart counts from the new supervisord",
+        lambda: all(sup.restarts(n) == 0 for n in names),
+        timeout=60,
+    )
+    wait_for(
+        "a scheduler heartbeat after the kill",
+        lambda: (_heartbeat(h.config, "scheduler") or 0) > killed_at + 1,
+        timeout=120,
+    )
+    assert h.airflow.api_healthy()[0]
+    status = h.stack.status()
+    assert status["supervisor"]["running"] and status["supervisor"]["keeper"] == "RUNNING"
+
+    again = h.stack.up(with_postgres=True)
+    assert {name: h.stack.pid(name) for name in names} == before, "`relay stack up` restarted a part"
+    assert again["healthy"]
+
+    old_kafka, new_kafka, _ = _killed_and_back(h, Part.KAFKA.value, lambda: h.stack.probe(Part.KAFKA)[0])
+    assert new_kafka != old_kafka

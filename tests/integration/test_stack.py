@@ -124,7 +124,8 @@ def test_down_stops_every_recorded_process() -> None:
         assert "inet_http_server" not in sup.conf_file.read_text()
     finally:
         result = local.down()
-    assert [s["name"] for s in result["stopped"]] == ["spark-worker", "spark-master", "kafka", "postgres"]
+    stopped = ["supervisor-keeper", "spark-worker", "spark-master", "kafka", "postgres"]
+    assert [s["name"] for s in result["stopped"]] == stopped  # the keeper first: nothing comes back
     assert not any(pid_alive(pid) for pid in [*pids, supervisord])
     assert not any(group_pids(pid) for pid in pids)
     assert not local.supervisor.running()

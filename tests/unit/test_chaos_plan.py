@@ -11,7 +11,7 @@ from relay_dev.chaos.report import audit_totals, render_table, summarize_kinds
 
 
 def test_full_run_defaults_meet_the_issue() -> None:
-    o = ChaosOptions.build(minutes=10)
+    o = ChaosOptions.build(minutes=10, postgres=True)
     assert o.kinds == KINDS and o.airflow
     assert o.lock_seconds > 60  # past SQLite's busy timeout
     plan = make_plan(o)
@@ -22,9 +22,16 @@ def test_full_run_defaults_meet_the_issue() -> None:
 
 
 def test_short_run_defaults_leave_airflow_out() -> None:
-    o = ChaosOptions.build(seconds=120)
+    o = ChaosOptions.build(seconds=120, postgres=True)
     assert o.kinds == SHORT_KINDS and not o.airflow
     assert o.lock_seconds < 60
+
+
+def test_the_ledger_server_is_killed_only_when_there_is_one() -> None:
+    assert "ledger" not in ChaosOptions.build(minutes=10).kinds  # SQLite: no server
+    assert "ledger" in ChaosOptions.build(seconds=120, postgres=True).kinds
+    with pytest.raises(ConfigError, match="add --postgres"):
+        ChaosOptions.build(seconds=120, kinds="broker,ledger")
 
 
 def test_plan_is_reproducible_and_seeded() -> None:

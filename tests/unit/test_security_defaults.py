@@ -122,16 +122,31 @@ def test_a_ledger_older_than_the_baseline_is_refused_and_left_as_it_is(tmp_path:
 
 def test_a_migration_after_the_baseline_runs_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    Ledger(url, create=True).close()  # created at the baseline
+    Ledger(url, create=True).close()  # created at today's version
     ran: list[int] = []
-    monkeypatch.setattr(s, "MIGRATIONS", [lambda conn: ran.append(1)])
-    monkeypatch.setattr(s, "SCHEMA_VERSION", s.BASELINE + 1)
+    monkeypatch.setattr(s, "MIGRATIONS", [*s.MIGRATIONS, lambda conn: ran.append(1)])
+    monkeypatch.setattr(s, "SCHEMA_VERSION", s.SCHEMA_VERSION + 1)
     for _ in range(2):
         ledger = Ledger(url)
         with ledger.tx() as conn:
-            assert conn.execute(select(s.schema_version.c.version)).scalar() == s.BASELINE + 1
+            assert conn.execute(select(s.schema_version.c.version)).scalar() == s.SCHEMA_VERSION
         ledger.close()
     assert ran == [1]
+
+
+def test_a_ledger_at_the_baseline_gets_the_partition_marks_table(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    Ledger(url, create=True).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:  # as a ledger created before version 8 was
+        s.partition_marks.drop(conn)
+        conn.execute(s.schema_version.update().values(version=s.BASELINE))
+    engine.dispose()
+    ledger = Ledger(url)
+    with ledger.tx() as conn:
+        assert conn.execute(select(s.schema_version.c.version)).scalar() == s.SCHEMA_VERSION == 8
+        assert conn.execute(select(s.partition_marks)).all() == []
+    ledger.close()
 
 
 def test_cli_refuses_a_mistyped_ledger_url_and_ledger_init_creates_it(

@@ -9,6 +9,9 @@ from relay.launcher import app_prefix
 from relay.ledger.models import Attempt, AttemptState, Instance, InstanceState
 from relay.operations.inventory import STALE_HEARTBEAT_S, Inventory
 
+STOPPING_GRACE_S = 120.0  # an application still listed this long after `relay stop` is a zombie
+COMMITTING_S = 60.0  # a commit this recent: the pipeline runs, whatever the master says
+
 
 def instance_of_app(pipeline: str, name: str) -> int | None:
     """Instance id an application name ``relay-<pipeline>-<id>`` stands for; None if it is not ours.
@@ -55,8 +58,13 @@ def check_single_instance(
     attempts: dict[int, list[Attempt]],
     now: float,
     refusals: list[dict] | None = None,
+    last_commit_at: float | None = None,
 ) -> Check:
     """Ledger vs master: unknown applications, zombies of fenced/ended instances, two live attempts.
+
+    Not findings: an application still finishing after ``relay stop`` (STOPPING_GRACE_S), and a
+    master that does not answer while the pipeline keeps committing (``last_commit_at``; a master
+    restart: WARN, since nothing beside the pipeline can be verified meanwhile).
 
     An application under a live instance's name whose id no attempt recorded is a copy Relay did not
     start (CRITICAL while it runs); a driver refused at start for want of the launch token is named
@@ -86,7 +94,7 @@ def check_single_instance(
         "master_apps": [{"id": a.id, "name": a.name, "state": a.state.value} for a in inventory.apps],
         "master_error": inventory.master_error,
     }
-    unknown, zombies, impostors = [], [], []
+    unknown, zombies, impostors, stopping = [], [], [], []
     for app in inventory.apps:
         if not app.name.startswith(app_prefix(pipeline)):
             continue
@@ -115,6 +123,8 @@ def check_single_instance(
                 f"Spark application {app.id} ({app.name}) runs but the ledger knows no such instance "
                 "(started behind Relay's back?)"
             )
+        elif inst.stop_requested and now - inst.updated_at < STOPPING_GRACE_S:
+            stopping.append(app)  # `relay stop` ended it a moment ago: its application is finishing
         else:
             zombies.append((app, inst))
             problems.append(
@@ -178,12 +188,22 @@ def check_single_instance(
         problems.append(f"{len(current)} attempts alive at once: {current}")
         actions.append(f"keep one instance: {STOP}, then {DEPLOY}")
 
-    nothing_runs = not live and not inventory.apps
+    nothing_runs = not live and all(app in stopping for app in inventory.apps)
     run_state = RunState.DOWN if nothing_runs else RunState.RUNNING
+    stopped = stopped_on_purpose(instances) if nothing_runs else None
+    if stopped is not None:
+        run_state = RunState.STOPPED
     if inventory.master_error and not live:
         run_state = RunState.UNKNOWN
     data["status"] = run_state.value
-    if inventory.master_error:
+    committing = last_commit_at is not None and now - last_commit_at < COMMITTING_S
+    if inventory.master_error and committing and live:  # a master restart: the drivers go on
+        warnings.insert(
+            0,
+            f"Spark master unreachable ({inventory.master_error}), but the pipeline committed "
+            f"{now - last_commit_at:.0f}s ago: what runs beside it cannot be verified meanwhile",
+        )
+    elif inventory.master_error:
         problems.insert(0, f"Spark master unreachable: {inventory.master_error}")
         actions.insert(0, "check the Spark master (`relay stack status`); what runs cannot be verified")
     refused_action = "find who submits copies of the job (they were refused and wrote nothing)"
@@ -196,7 +216,16 @@ def check_single_instance(
             "; ".join(actions + ([refused_action] if warnings else [])),
         )
     if warnings:
-        return Check("single_instance", Level.WARN, "; ".join(warnings), data, refused_action)
+        action = refused_action if recent else "check the Spark master (`relay stack status`)"
+        return Check("single_instance", Level.WARN, "; ".join(warnings), data, action)
+    if stopped is not None:
+        return Check(
+            "single_instance",
+            Level.OK,
+            f"STOPPED on purpose: instance {stopped.id} ({stopped.version}) was stopped by `relay stop`; "
+            "nothing runs the pipeline until the next deploy",
+            data,
+        )
     if run_state is RunState.DOWN:
         why = (
             f" (instance(s) {[i.id for i in inventory.dead]} are live in the ledger but nothing runs them)"
@@ -208,6 +237,16 @@ def check_single_instance(
     return Check(
         "single_instance", Level.OK, f"RUNNING: {what}" + (" (upgrade in progress)" if upgrade else ""), data
     )
+
+
+def stopped_on_purpose(instances: list[Instance]) -> Instance | None:
+    """The newest instance, when a person stopped it (``relay stop`` asks in the ledger, then the
+    instance ends STOPPED, or FENCED when its driver had to be killed); None otherwise (a crash,
+    a failure, a driver SIGTERMed by Spark: those are DOWN)."""
+    newest = max(instances, key=lambda i: i.id, default=None)
+    if newest is None or not newest.stop_requested:
+        return None
+    return newest if newest.state in (InstanceState.STOPPED, InstanceState.FENCED) else None
 
 
 def check_driver(
@@ -248,7 +287,7 @@ def check_driver(
     note = (
         f"instance {fenced[-1].id} ({fenced[-1].version}, {fenced[-1].color.value}) was fenced: "
         f"{fenced[-1].error or 'no reason recorded'}"
-        if fenced and not running
+        if fenced and not running and not fenced[-1].stop_requested  # a stop that had to fence: asked
         else None
     )
     for inst in considered:

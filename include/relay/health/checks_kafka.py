@@ -103,8 +103,11 @@ def check_retention(
       retention, segment granularity aside). Its age is its timestamp when it could be read
       (``waiting``), else ``lag / produce_rate``: the fallback overstates the age after a burst
       (the rate is averaged over the history), which errs towards an early warning;
-    * chase: the earliest offset advances at the rate retention removed records over the history,
-      the cursor at the consumption rate; the margin closes at the difference.
+    * chase, only without the first (retention by size, or ``retention.ms`` unknown): the earliest
+      offset advances at the rate records were removed over the history, the cursor at the
+      consumption rate; the margin closes at the difference. Under time-based retention the age is
+      exact, and a one-off ``delete_records`` made the chase warn for as long as it stayed in the
+      history.
     """
     retention_s = retention_ms / 1000 if retention_ms is not None and retention_ms >= 0 else None
     parts, invalid, short = [], [], []
@@ -127,7 +130,7 @@ def check_retention(
             if retention_s is not None and age is not None:
                 estimates.append(retention_s - age)
             chase = (earliest_rate.get(p) or 0.0) - consume.get(p, 0.0)
-            if chase > 0:
+            if chase > 0 and not estimates:  # time-based retention: the age alone says when
                 estimates.append(margin / chase)
         left = max(min(estimates), 0.0) if estimates else None
         parts.append(
@@ -172,3 +175,18 @@ def check_retention(
     return Check(
         "retention", Level.OK, f"smallest margin {min(margins) if margins else 'n/a'} records{note}", data
     )
+
+
+def check_identity(problems: list[str], topic: str) -> Check:
+    """CRITICAL when the records at the applied offsets are not the ones applied (``relay.kafka_identity``):
+    a topic re-created under the same name, a partition truncated. The driver refuses to start then."""
+    if problems:
+        return Check(
+            "topic_identity",
+            Level.CRITICAL,
+            f"topic {topic!r} is not the one the pipeline read: " + "; ".join(problems),
+            {"problems": problems},
+            "if the topic was re-created on purpose, plan `relay recover` from the new topic's first offsets "
+            "(--strategy offsets, --allow-reprocess; dry-run first)",
+        )
+    return Check("topic_identity", Level.OK, "the applied records are where the pipeline read them", {})

@@ -25,6 +25,7 @@ _PROGRESS_LEVEL = {
     PartitionStatus.STALL: Level.CRITICAL,
     PartitionStatus.STOP: Level.CRITICAL,
     PartitionStatus.ERR: Level.CRITICAL,
+    PartitionStatus.STOPPED: Level.OK,
 }
 
 
@@ -196,6 +197,8 @@ def check_progress(
             status = PartitionStatus.OK
         elif run_state is RunState.DOWN:
             status = PartitionStatus.STOP
+        elif run_state is RunState.STOPPED:
+            status = PartitionStatus.STOPPED
         elif advanced:
             status = PartitionStatus.WARN if growing else PartitionStatus.OK
         elif run_state is RunState.UNKNOWN:
@@ -240,6 +243,11 @@ def check_progress(
             "reads them"
         )
         actions.append(DEPLOY)
+    if PartitionStatus.STOPPED in by_status:
+        msgs.append(
+            f"stopped on purpose: records wait on partition(s) {by_status[PartitionStatus.STOPPED]} "
+            "for the next deploy"
+        )
     if PartitionStatus.STALL in by_status:
         stuck = ", ".join(
             f"[{d['partition']}] for "

@@ -39,6 +39,7 @@ class RunState(str, Enum):
 
     RUNNING = "RUNNING"
     DOWN = "DOWN"
+    STOPPED = "STOPPED"  # stopped on purpose (`relay stop`): nothing runs, and nothing should
     UNKNOWN = "UNKNOWN"  # the master could not be asked
 
 
@@ -51,6 +52,7 @@ class PartitionStatus(str, Enum):
     STOP = "STOP"  # job down, lag > 0: messages wait and nobody reads them
     ERR = "ERR"  # cursor below the earliest offset: retention removed what it needs
     UNOWNED = "UNOWNED"
+    STOPPED = "STOPPED"  # stopped on purpose, lag > 0: the records wait for the next deploy
 
 
 @dataclass

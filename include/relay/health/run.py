@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 from relay.config import RelayConfig
 from relay.errors import ConfigError, KafkaError, RelayError, SparkError, TopicNotFoundError
+from relay.health.checks_airflow import airflow_status, check_airflow
 from relay.health.checks_batches import check_dead_letters, check_latency
 from relay.health.checks_instance import check_driver, check_single_instance
-from relay.health.checks_kafka import check_lag, check_retention
+from relay.health.checks_kafka import check_identity, check_lag, check_retention
 from relay.health.checks_progress import (
     check_progress,
     cursor_moves,
@@ -98,6 +99,14 @@ def _offsets(config: RelayConfig, ledger: Ledger) -> list[dict]:
     return offsets_view(config, ledger)
 
 
+def _identity(config: RelayConfig, ledger: Ledger) -> list[str]:
+    from relay.kafka_identity import changes
+    from relay.kafka_offsets import KafkaOffsets
+
+    with KafkaOffsets(config.kafka_bootstrap) as kafka:
+        return changes(ledger, kafka, config.pipeline, config.topic)
+
+
 def _retention_ms(config: RelayConfig) -> int | None:
     from relay.kafka_offsets import KafkaOffsets
 
@@ -149,6 +158,7 @@ def run_health(
     thresholds: Thresholds | None = None,
     timestamps: dict[int, int | None] | None = None,
     heal: bool = False,
+    airflow_url: str | None = None,
 ) -> HealthReport:
     """Run every check of ``config.pipeline`` and persist the report (kind ``health``).
 
@@ -157,7 +167,9 @@ def run_health(
     (tests, or a caller that already has them); with ``offsets`` given and no ``timestamps``, none are
     read and lag seconds fall back to the consume rate. With ``heal`` (the health DAG's, when
     ``RELAY_HEAL`` is on), an ACTIVE instance whose driver Spark will never run again is relaunched
-    first (relay.operations.heal) and the report says so in its ``self_heal`` check.
+    first (relay.operations.heal) and the report says so in its ``self_heal`` check. Airflow is
+    checked at ``airflow_url``, by default the embedded stack's when its supervisor runs Airflow
+    for this data dir (``RelayConfig.airflow_supervised``).
     """
     ledger = ledger or Ledger(config.ledger_url)
     th = thresholds or Thresholds()
@@ -171,10 +183,18 @@ def run_health(
         inv = _inventory(config, ledger)
     instances = ledger.instances(pipeline)
     attempts = {i.id: ledger.attempts(i.id) for i in instances}
+    history = ledger.recent_batches(pipeline, limit=2000)
+    last_commit = max((float(b["committed_at"]) for b in history), default=None)
     single = _guard(
         "single_instance",
         lambda: check_single_instance(
-            pipeline, inv, instances, attempts, now, ledger.refusals(pipeline, now - REFUSAL_WINDOW_S)
+            pipeline,
+            inv,
+            instances,
+            attempts,
+            now,
+            ledger.refusals(pipeline, now - REFUSAL_WINDOW_S),
+            last_commit,
         ),
     )
     checks.append(single)
@@ -214,7 +234,6 @@ def run_health(
         except KafkaError as exc:  # lag seconds fall back to the consume rate; say why
             timestamps_error = str(exc)
     waiting = {p: max(now - ts / 1000, 0.0) for p, ts in (timestamps or {}).items() if ts is not None}
-    history = ledger.recent_batches(pipeline, limit=2000)
     batches = [b for b in history if b["committed_at"] >= now - max(th.window_s, th.crash_window_s)]
     previous = ledger.reports(pipeline, REPORT_KIND, th.history_reports)
     samples = history_samples(previous)
@@ -252,7 +271,9 @@ def run_health(
             )
         )
         checks.append(
-            _guard(
+            _stopped_lag(offsets)
+            if run_state is RunState.STOPPED
+            else _guard(
                 "lag",
                 lambda: check_lag(
                     offsets,
@@ -267,6 +288,10 @@ def run_health(
                 ),
             )
         )
+        if live_kafka:
+            checks.append(
+                _guard("topic_identity", lambda: check_identity(_identity(config, ledger), config.topic))
+            )
         config_error = None
         if retention_ms is None and live_kafka:
             try:
@@ -299,6 +324,10 @@ def run_health(
             ),
         )
     )
+    if airflow_url is None and config.airflow_supervised:
+        airflow_url = config.airflow_url
+    if airflow_url is not None:
+        checks.append(check_airflow(airflow_url, *airflow_status(airflow_url)))
     dead_count = ledger.dead_letter_count(pipeline)
     checks.append(
         _guard("dead_letters", lambda: check_dead_letters(dead_count, previous[0] if previous else None))
@@ -333,6 +362,14 @@ def run_health(
             )
             report.status = Level.CRITICAL
     return report
+
+
+def _stopped_lag(offsets: list[dict]) -> Check:
+    """A pipeline stopped on purpose falls behind by design: its lag is reported, never paged."""
+    waiting = sum(int(r.get("lag") or 0) for r in offsets)
+    return Check(
+        "lag", Level.OK, f"not evaluated: stopped on purpose, {waiting:,} record(s) wait", {"lag": waiting}
+    )
 
 
 def _missing_topic(config: RelayConfig, error: str, deployed: bool) -> Check:

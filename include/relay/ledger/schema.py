@@ -212,12 +212,31 @@ artifacts = Table(
 )
 
 
+# What each partition held where the pipeline last applied (``relay.kafka_identity``): the first
+# record at or after the last applied offset, by offset, timestamp and CRC of key and value. A driver
+# start and the health check compare it with what Kafka holds there now (a topic re-created under the
+# same name, a log truncated by an unclean leader election).
+partition_marks = Table(
+    "partition_marks",
+    metadata,
+    Column("pipeline", String(200), primary_key=True),
+    Column("topic", String(249), primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("offset", BigInteger, nullable=False),
+    Column("timestamp_ms", BigInteger, nullable=False),
+    Column("crc", BigInteger, nullable=False),
+    Column("taken_at", Float, nullable=False),
+)
+
+
 BASELINE = 7
 """The version a new ledger is created at: Relay's own tables only. Versions 1 to 6 also held the
 counter's tables (now its sink's); a ledger of those versions is refused: create a new one."""
 
 # Migrations after the baseline (version BASELINE + 1, + 2, ...): append, never edit an applied one.
-MIGRATIONS: list[Callable[[Connection], None]] = []
+MIGRATIONS: list[Callable[[Connection], None]] = [
+    lambda conn: partition_marks.create(conn, checkfirst=True),  # 8: topic identity
+]
 SCHEMA_VERSION = BASELINE + len(MIGRATIONS)
 
 

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from enum import Enum
 
+from sqlalchemy import delete
+
 from relay.config import RelayConfig
 from relay.crashpoints import crash_point
 from relay.errors import OperationError
@@ -239,4 +241,7 @@ def _open_new_instance(config: RelayConfig, ledger: Ledger, op: dict) -> dict:
             ledger.open_lease(
                 conn, inst, config.topic, partition, target, allow_overlap=params["allow_reprocess"]
             )
+        # The new cursors are set on what the topic holds now: the marks of the old ones go
+        # (relay.kafka_identity; a re-created topic would otherwise refuse the new instance).
+        conn.execute(delete(s.partition_marks).where(s.partition_marks.c.pipeline == config.pipeline))
         return ledger.move_operation(op["id"], RecoveryState.LEASED.value, conn=conn, instance_id=inst.id)

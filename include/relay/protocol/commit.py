@@ -12,11 +12,13 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from relay.errors import SourceGapError
 from relay.ledger import schema as s
 from relay.ledger.models import Attempt, Instance, InstanceState, Lease, Offsets
+from relay.ledger.outage import ride_out
 from relay.ledger.store import Ledger
 from relay.protocol.prepare import batch_leases, leases_by_tp
 from relay.sinks.base import TaskResult
@@ -75,6 +77,53 @@ def commit_cursors(
         )
         _record(ledger, conn, instance, attempt, result, started_at)
     return result
+
+
+def commit_riding_out(
+    ledger: Ledger,
+    attempt: Attempt,
+    batch_id: int,
+    start: Offsets | None,
+    end: Offsets,
+    counts: TaskResult,
+    started_at: float | None = None,
+) -> CommitResult:
+    """``commit_cursors``, repeated while the ledger is unavailable (``relay.ledger.outage``).
+
+    A commit cut off at COMMIT may have landed: before repeating it, the batch's record for this
+    attempt is looked for, and a landed commit is returned as it was recorded (never applied twice).
+    """
+    tried = False
+
+    def once() -> CommitResult:
+        nonlocal tried
+        if tried and (landed := committed(ledger, attempt, batch_id)) is not None:
+            return landed
+        tried = True
+        return commit_cursors(ledger, attempt, batch_id, start, end, counts, started_at)
+
+    return ride_out(once, f"batch {batch_id}: commit")
+
+
+def committed(ledger: Ledger, attempt: Attempt, batch_id: int) -> CommitResult | None:
+    """The commit this attempt recorded for ``batch_id``, None when it has none."""
+    b = s.batches.c
+    with ledger.tx() as conn:
+        row = conn.execute(
+            select(s.batches).where(b.attempt_id == attempt.id, b.batch_id == batch_id).order_by(b.id.desc())
+        ).first()
+    if row is None:
+        return None
+    m = row._mapping
+    return CommitResult(
+        batch_id=batch_id,
+        rows_read=m["rows_read"],
+        rows_applied=m["rows_applied"],
+        rows_skipped=m["rows_skipped"],
+        dead_letters=m["dead_letters"],
+        ranges=list(m["ranges"]),
+        commit_ms=m["commit_ms"],
+    )
 
 
 def _planned_moves(

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, unquote
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from relay.errors import ConfigError
 from relay.ledger.engine import safe_url
@@ -27,6 +28,7 @@ from relay.sinks.base import SinkUnavailableError
 
 MAX_IDLE_PER_KEY = 4
 CONNECT_TIMEOUT_S = 10
+CONNECT_WAIT_S = 30.0
 APPLICATION_NAME = "relay-sink"
 _SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg2://")
 
@@ -70,10 +72,27 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
+AWAY = ("connection refused", "starting up", "shutting down", "in recovery", "server closed the connection")
+
+
+def _server_away(exc: BaseException) -> bool:
+    """A server that is restarting, not a wrong address, password or database."""
+    return isinstance(exc, psycopg2.OperationalError) and any(a in str(exc).lower() for a in AWAY)
+
+
 def _connect(url: str) -> psycopg2.extensions.connection:
+    """A new connection; refused connections are retried for ``CONNECT_WAIT_S`` (a restarting server
+    refuses, then says it is starting up, for a few seconds: a task waits instead of failing)."""
+    retrying = Retrying(
+        retry=retry_if_exception(_server_away),
+        stop=stop_after_delay(CONNECT_WAIT_S),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    )
+    target = libpq_url(url)
     try:
-        conn = psycopg2.connect(
-            libpq_url(url), connect_timeout=CONNECT_TIMEOUT_S, application_name=APPLICATION_NAME
+        conn = retrying(
+            psycopg2.connect, target, connect_timeout=CONNECT_TIMEOUT_S, application_name=APPLICATION_NAME
         )
     except psycopg2.Error as exc:
         # ``from None``: the original exception (and its message) may quote the connection string.

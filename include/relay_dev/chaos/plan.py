@@ -19,13 +19,24 @@ from relay.sink_declares import sink_declares
 from relay_dev.chaos.workloads import workload_of
 
 #: Every fault kind, in the order the table prints them.
-KINDS: tuple[str, ...] = ("driver", "executor", "worker", "master", "broker", "scheduler", "ledger-lock")
+KINDS: tuple[str, ...] = (
+    "driver",
+    "executor",
+    "worker",
+    "master",
+    "broker",
+    "scheduler",
+    "ledger-lock",
+    "ledger",
+)
 #: Kinds of the short run that ``make test`` runs (Airflow is heavy: the scheduler is left out).
-SHORT_KINDS: tuple[str, ...] = ("driver", "executor", "worker", "master", "broker", "ledger-lock")
+SHORT_KINDS: tuple[str, ...] = ("driver", "executor", "worker", "master", "broker", "ledger-lock", "ledger")
+#: Kinds that need the PostgreSQL ledger (``ledger``: its server SIGKILLed and restarted).
+POSTGRES_KINDS = frozenset({"ledger"})
 #: Healed by Spark itself (supervised driver relaunch, executor replacement): no human action.
 SPARK_HEALED = frozenset({"driver", "executor"})
 #: Parts of the embedded stack: supervisord brings them back (a human action only when it gives up).
-STACK_PARTS = frozenset({"worker", "master", "broker", "scheduler"})
+STACK_PARTS = frozenset({"worker", "master", "broker", "scheduler", "ledger"})
 #: The driver's SQLite busy timeout (PRAGMA busy_timeout in relay.ledger.engine): a longer lock fails it.
 SQLITE_BUSY_TIMEOUT_S = 60.0
 FULL_RUN_S = 600.0
@@ -103,6 +114,11 @@ class ChaosOptions:
                 raise ConfigError(f"--pipeline-code must be a pipeline package folder: {exc}") from None
             workload = workload_of(sink_declares(pipeline).get("type"))
             postgres = postgres or workload == "upsert"  # the upsert's table lives on the stack's PostgreSQL
+        if not postgres:  # a SQLite ledger has no server to kill
+            asked = sorted(POSTGRES_KINDS & set(chosen)) if kinds else []
+            if asked:
+                raise ConfigError(f"--kinds {','.join(asked)} kills the PostgreSQL ledger: add --postgres")
+            chosen = tuple(k for k in chosen if k not in POSTGRES_KINDS)
         msg_rate = 200.0 if rate is None else rate
         if msg_rate <= 0:
             raise ConfigError(f"--rate must be > 0, got {msg_rate:g}")
