@@ -1,4 +1,4 @@
-"""A short ``relay chaos`` run (about 2 minutes of faults) on its own private stack, on the path
+"""A short ``relay chaos`` run (90 s of faults) on its own private stack, on the path
 users run: examples/kafka_to_kafka (a shuffling transform, the Kafka transactional sink).
 
 Why in ``make test``: it is the one test that kills every part of the stack at random moments under
@@ -6,7 +6,7 @@ load with records the transform drops, then proves twice that no record was appl
 was skipped: ``relay audit --deep`` (the ledger, Kafka re-read, the output topic read against the
 transform re-evaluated) and an outside count (confluent-kafka, read_committed: every kept input event
 exactly once in the output). Airflow's scheduler is left out (heavy, and not on the data path), and
-the ledger lock is short (15 s, below SQLite's 60 s busy timeout) so the run stays near 2 minutes;
+the ledger lock is short (15 s, below SQLite's 60 s busy timeout) so the run stays short;
 the full run (``make chaos``) holds it for 65 s and adds the scheduler.
 """
 
@@ -30,7 +30,7 @@ EXAMPLE = PROJECT_ROOT / "examples" / "kafka_to_kafka"
 
 def test_short_chaos_run_on_a_shuffling_kafka_pipeline_loses_and_duplicates_nothing() -> None:
     options = ChaosOptions.build(
-        seconds=120, kinds=KINDS, seed=7, rate=100, lock_seconds=15, per_kind=2, pipeline_code=EXAMPLE
+        seconds=90, kinds=KINDS, seed=7, rate=100, lock_seconds=15, per_kind=2, pipeline_code=EXAMPLE
     )
     assert options.workload == "kafka"
     result = run_chaos(options, progress=print)

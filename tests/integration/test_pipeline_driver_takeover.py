@@ -108,7 +108,7 @@ def test_the_driver_takes_over_a_dead_instances_tail_exactly_once(
         raise LedgerError("the driver died before its ledger commit")
 
     with monkeypatch.context() as mp:  # batch 1: the tasks commit in Kafka, the ledger commit never
-        mp.setattr(pipeline_driver, "commit_cursors", die)
+        mp.setattr(pipeline_driver, "commit_riding_out", die)
         with pytest.raises(LedgerError):
             driver_a.process_batch(source_batch(spark, range(10, 20)), 1, {SRC: {0: 10}}, {SRC: {0: 20}}, 0.0)
     kc.close_all()  # A's executors are gone

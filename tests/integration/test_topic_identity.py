@@ -92,7 +92,7 @@ def test_marker_marks_what_it_saw_one_round_earlier(cfg: RelayConfig) -> None:
 
 def test_a_driver_refuses_a_recreated_topic_and_a_recovery_runs_it_again(cfg: RelayConfig) -> None:
     ledger = Ledger(cfg.ledger_url, create=True)
-    produce(cfg.kafka_bootstrap, cfg.topic, 300, None, partitions=cfg.partitions)
+    produce(cfg.kafka_bootstrap, cfg.topic, 90, None, partitions=cfg.partitions)
     deploy(cfg, wait_s=240)
     wait_for("the job to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:  # what the running driver does every 30 s
@@ -100,7 +100,7 @@ def test_a_driver_refuses_a_recreated_topic_and_a_recovery_runs_it_again(cfg: Re
     stop(cfg)
     applied_before = ledger.recent_batches(cfg.pipeline, limit=10_000)
 
-    recreate(cfg, 900)
+    recreate(cfg, 300)
     with pytest.raises(OperationError, match="is not the one the pipeline read"):
         deploy(cfg, wait_s=240)
     newest = ledger.instances(cfg.pipeline)[-1]
@@ -120,7 +120,7 @@ def test_a_driver_refuses_a_recreated_topic_and_a_recovery_runs_it_again(cfg: Re
     assert marks_of(ledger, cfg.pipeline, cfg.topic) == {} or not changes_now(cfg, ledger)
     stop(cfg)
     report = audit(cfg)  # the new topic's records, each applied once
-    assert report.ok and sum(p.applied_once for p in report.partitions) == 900, report
+    assert report.ok and sum(p.applied_once for p in report.partitions) == 300, report
 
 
 def changes_now(cfg: RelayConfig, ledger: Ledger) -> list[str]:
