@@ -52,7 +52,7 @@ class SourceSettings:
     shadow_read: bool = False
     """``relay.shadowRead`` (a stateful pipeline's driver sets it): a standby plans batches instead of
     holding, and no lease floor cuts a read, so its state is built from the warm-up start on
-    (``relay.stateful``); the ranges its sink may apply still come from its leases alone."""
+    (``relay.pipeline.stateful``); the ranges its sink may apply still come from its leases alone."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], default_max_tasks: int | None = None) -> SourceSettings:

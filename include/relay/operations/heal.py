@@ -31,14 +31,14 @@ from dataclasses import asdict, dataclass
 
 from relay.config import RelayConfig
 from relay.errors import RelayError
-from relay.launcher import LOCAL_PREFIX, launch, spark_client
 from relay.ledger import schema as s
 from relay.ledger.attempts import DRIVER_ALIVE_S
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory
 from relay.operations.upgrade_state import ALL_TERMINAL
-from relay.spark_rest import DriverState
+from relay.spark.launcher import LOCAL_PREFIX, launch, spark_client
+from relay.spark.rest import DriverState
 
 Progress = Callable[[str], None]
 REPORT_KIND = "heal"
