@@ -129,7 +129,7 @@ class SourceSettings:
         """Consumer settings shared by planner and readers: no group, no commits, never auto-reset.
 
         ``auto_offset_reset='none'`` matters: with 'earliest' kafka-python silently skips deleted
-        records (PLATFORM.md), which would turn data loss into a quiet success.
+        records (observed with kafka-python 3), which would turn data loss into a quiet success.
         """
         return {
             "bootstrap_servers": self.bootstrap_servers.split(","),

@@ -1,14 +1,14 @@
 """Self-heal: relaunch a live instance whose driver Spark will never run again.
 
 Why: Spark's supervision relaunches a driver that exits non-zero, never one the master ended as
-KILLED (a recovered master had its re-registered worker kill a driver it had just relaunched,
-PLATFORM.md) nor one a master restarted without recovery has forgotten. The ledger still says
-ACTIVE, nothing runs, and until now a person had to run stop + deploy. The health check (DAG
-``relay_health``; ``relay health --heal``) relaunches such an instance itself: the same instance
-and checkpoint under a new submission with a NEW launch token, so the old submission is refused
-should the master ever bring it back, and the new attempt's epoch fences anything of it still
-writing. No record is lost or applied twice: the relaunch replays from the ledger's cursors, like
-any restart.
+KILLED (a recovered master had its re-registered worker kill a driver it had just relaunched:
+observed with Spark 4.2 standalone) nor one a master restarted without recovery has forgotten. The
+ledger still says ACTIVE, nothing runs, and until now a person had to run stop + deploy. The health
+check (DAG ``relay_health``; ``relay health --heal``) relaunches such an instance itself: the same
+instance and checkpoint under a new submission with a NEW launch token, so the old submission is
+refused should the master ever bring it back, and the new attempt's epoch fences anything of it
+still writing. No record is lost or applied twice: the relaunch replays from the ledger's cursors,
+like any restart.
 
 It relaunches only when every condition holds, and otherwise says which one did not (a person
 decides, or the next check looks again):
