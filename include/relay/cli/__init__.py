@@ -104,14 +104,7 @@ def cmd_build(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.ledger.store import Ledger
     from relay.operations.rollback import prune_versions
 
-    art = build_artifact(
-        cfg,
-        a.version,
-        fail_at_start=a.fail_at_start,
-        force=a.force,
-        pipeline_code=a.pipeline_code,
-        batch_delay_s=a.batch_delay,
-    )
+    art = build_artifact(cfg, a.version, force=a.force, pipeline_code=a.pipeline_code)
     pruned = prune_versions(cfg, Ledger(cfg.ledger_url))
     if pruned.get("skipped"):
         _say(f"versions not pruned: {pruned['skipped']}")
@@ -311,13 +304,6 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="freeze the current code as a job version (artifact)")
     b.add_argument("--version", type=version_arg, required=True)
     b.add_argument("--force", action="store_true", help="rebuild an existing version")
-    b.add_argument("--fail-at-start", action="store_true", help="a deliberately broken version (tests)")
-    b.add_argument(
-        "--batch-delay",
-        type=float_above(0),
-        default=0.0,
-        help="a deliberately slow version: seconds each batch waits (tests of the cutover gate)",
-    )
     b.add_argument(
         "--pipeline-code",
         type=Path,
