@@ -114,7 +114,7 @@ def bench_planning(url: str, partitions: int, repeat: int, bootstrap: str | None
 
     out: dict[str, Any] = {"guard_and_plan": timed(guard_and_plan, repeat)}
     if bootstrap:
-        from relay.kafka_offsets import KafkaOffsets
+        from relay.kafka.offsets import KafkaOffsets
 
         topic = f"{TOPIC}-{partitions}"
         with KafkaOffsets(bootstrap, timeout_s=30) as kafka:
@@ -231,7 +231,7 @@ def broker(work: Path, enabled: bool) -> Iterator[str | None]:
     with open(work / "kafka.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        from relay.kafka_offsets import KafkaOffsets
+        from relay.kafka.offsets import KafkaOffsets
 
         deadline = time.monotonic() + 60
         while True:

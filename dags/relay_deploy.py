@@ -19,7 +19,7 @@ The same steps as `relay deploy` (`relay.operations.deploy`), one task each:
 
 **Params** (validated when triggered; a bad value is refused): `pipeline` (the pipeline the run
 acts on, one of the declared ones: see the README's "Several pipelines"), `version` (code version label as
-`relay.inputs.validate_version` defines it, or empty for the version that ran last),
+`relay.config.inputs.validate_version` defines it, or empty for the version that ran last),
 `starting` (`earliest` | `latest`, first start only), `wait_seconds` (30..1800).
 
 **Clearing:** every task may be cleared and rerun. `submit` finds the instance this run created (a
@@ -41,7 +41,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import Param, task
-from relay.inputs import OPTIONAL_VERSION_PATTERN, VERSION_MAX_LENGTH
+from relay.config.inputs import OPTIONAL_VERSION_PATTERN, VERSION_MAX_LENGTH
 from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
@@ -57,7 +57,7 @@ with relay_dag(
             "",
             type="string",
             maxLength=VERSION_MAX_LENGTH,
-            pattern=OPTIONAL_VERSION_PATTERN,  # the rule of relay.inputs.validate_version, or empty
+            pattern=OPTIONAL_VERSION_PATTERN,  # the rule of relay.config.inputs.validate_version, or empty
             description=(
                 "code version label of the new instance; empty = the version the pipeline ran last "
                 "(v1 on a first deploy)"

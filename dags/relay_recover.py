@@ -65,7 +65,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import Param, task
-from relay.inputs import OFFSETS_SCHEMA, STRATEGIES, TIME_PATTERN
+from relay.config.inputs import OFFSETS_SCHEMA, STRATEGIES, TIME_PATTERN
 from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.approval import RecoveryApprovalOperator

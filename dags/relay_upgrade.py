@@ -44,7 +44,7 @@ version; two upgrades never run at once.
 
 **Params** (validated when triggered; a bad value is refused): `pipeline` (the pipeline the run
 acts on, one of the declared ones: see the README's "Several pipelines"), `version` (the target
-version, a label as `relay.inputs.validate_version` defines it), `handoff` (`latest` or JSON
+version, a label as `relay.config.inputs.validate_version` defines it), `handoff` (`latest` or JSON
 `{"<topic>": {"0": 42}}`), `grace_seconds` (green READY), `catchup_seconds` and `max_lag` (the
 cutover gate; `max_lag` empty = one batch, maxOffsetsPerTrigger), `drain_timeout_seconds`.
 
@@ -59,7 +59,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import Param, task
-from relay.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PATTERN
+from relay.config.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PATTERN
 from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
@@ -75,7 +75,7 @@ with relay_dag(
             type="string",
             minLength=1,
             maxLength=VERSION_MAX_LENGTH,
-            pattern=VERSION_PATTERN,  # the rule of relay.inputs.validate_version
+            pattern=VERSION_PATTERN,  # the rule of relay.config.inputs.validate_version
             description="target code version",
         ),
         "handoff": Param(

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from relay.errors import DataLossError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import Attempt, AttemptState
 from relay.ledger.store import Ledger
 

@@ -38,13 +38,13 @@ from driver_checks import (
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
 from query_progress import log_progress
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
-from relay.kafka_identity import Marker, TopicChangedError, check_identity
+from relay.kafka.identity import Marker, TopicChangedError, check_identity
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, Instance, InstanceState, Offsets
 from relay.ledger.outage import Outage
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
 from relay.protocol.checkpoint import planned_offsets
-from relay.standby_priority import standby_nice
+from relay.spark.standby_priority import standby_nice
 from standby_cpu import StandbyCpu
 from warm_up_batch import rehearse
 
@@ -90,10 +90,12 @@ class DriverRuntime:
         # A standby's batches are empty until the handoff; after it an instance is never a standby
         # again, so only a standby's batches ask the ledger (no extra read on a running pipeline's).
         self.standby = self.instance.state.standby
-        # A stateful pipeline's standby reads in shadow (relay.stateful): its batches run, writing
+        # A stateful pipeline's standby reads in shadow (relay.pipeline.stateful): its batches run, writing
         # nothing, and it is READY once caught up; a stateless standby's batches are empty.
         self.shadow = False
-        self.standby_cpu = StandbyCpu(standby_nice())  # lowered while a standby (relay.standby_priority)
+        self.standby_cpu = StandbyCpu(
+            standby_nice()
+        )  # lowered while a standby (relay.spark.standby_priority)
         self.spark: Any = None
 
     # ------------------------------------------------------------------ what a driver says
@@ -214,7 +216,7 @@ class DriverRuntime:
         return self._supervise(query)
 
     def mark_ready(self) -> None:
-        """A warm standby: its own CPU priority back (relay.standby_priority), then READY."""
+        """A warm standby: its own CPU priority back (relay.spark.standby_priority), then READY."""
         self.standby_cpu.take_back(self.spark)
         self.ledger.mark_ready(self.instance.id)
 

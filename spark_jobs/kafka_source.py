@@ -1,7 +1,7 @@
 """A Spark Structured Streaming source for Kafka written with Spark's Python Data Source API.
 
 Why it exists: the pyspark wheel ships no ``spark-sql-kafka`` jar and Maven Central is out of reach
-(see PLATFORM.md), so Relay reads Kafka through kafka-python. The source mimics Spark's own Kafka
+where Relay was built, so it reads Kafka through kafka-python. The source mimics Spark's own Kafka
 source where users can see it -- schema, option names, the offset JSON stored in the checkpoint
 (``{"topic": {"0": next_offset}}``), ``maxOffsetsPerTrigger`` splitting and ``failOnDataLoss`` -- so a
 job can switch to the JVM connector where its jar exists without touching checkpoints or sinks.
@@ -394,7 +394,7 @@ def register(spark: Any) -> None:
     """Register the source with a SparkSession.
 
     Pickling this module by value is what makes the source work in cluster mode: the driver's
-    planner process could not import it even when shipped as a py-file (PLATFORM.md).
+    planner process could not import it even when shipped as a py-file (observed with pyspark 4.2).
     """
     from pyspark import cloudpickle
 

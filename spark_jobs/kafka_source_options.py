@@ -52,7 +52,7 @@ class SourceSettings:
     shadow_read: bool = False
     """``relay.shadowRead`` (a stateful pipeline's driver sets it): a standby plans batches instead of
     holding, and no lease floor cuts a read, so its state is built from the warm-up start on
-    (``relay.stateful``); the ranges its sink may apply still come from its leases alone."""
+    (``relay.pipeline.stateful``); the ranges its sink may apply still come from its leases alone."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], default_max_tasks: int | None = None) -> SourceSettings:
@@ -129,7 +129,7 @@ class SourceSettings:
         """Consumer settings shared by planner and readers: no group, no commits, never auto-reset.
 
         ``auto_offset_reset='none'`` matters: with 'earliest' kafka-python silently skips deleted
-        records (PLATFORM.md), which would turn data loss into a quiet success.
+        records (observed with kafka-python 3), which would turn data loss into a quiet success.
         """
         return {
             "bootstrap_servers": self.bootstrap_servers.split(","),

@@ -1,4 +1,4 @@
-"""A local-mode SparkSession for local drivers, tests and benchmarks: ``relay.spark_local``'s, with
+"""A local-mode SparkSession for local drivers, tests and benchmarks: ``relay.spark.local``'s, with
 Spark's shuffle partitions at 2 (the small local jobs these run)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relay.spark_local import local_session as _local_session
+from relay.spark.local import local_session as _local_session
 
 
 def local_session(app_name: str, work_dir: Path, memory: str = "768m", cores: int = 2) -> Any:

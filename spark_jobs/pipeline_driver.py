@@ -53,7 +53,17 @@ from relay.pipeline import (  # noqa: E402
     operator_limits,
     secret_values,
 )
-from relay.pipeline_tasks import (  # noqa: E402
+from relay.pipeline.stateful import (  # noqa: E402
+    caught_up,
+    check_stateful_sink,
+    generation,
+    state_position,
+    state_ranges,
+    warm_up_before,
+    warm_up_offsets,
+    with_state_position,
+)
+from relay.pipeline.tasks import (  # noqa: E402
     RESULT_SCHEMA,
     counts_from,
     narrow_plan,
@@ -67,16 +77,6 @@ from relay.protocol.commit import commit_riding_out  # noqa: E402
 from relay.protocol.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
 from relay.protocol.prepare import Ranges, prepare_tasks  # noqa: E402
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult  # noqa: E402
-from relay.stateful import (  # noqa: E402
-    caught_up,
-    check_stateful_sink,
-    generation,
-    state_position,
-    state_ranges,
-    warm_up_before,
-    warm_up_offsets,
-    with_state_position,
-)
 
 SPARK_DEFAULT_SHUFFLE_PARTITIONS = "200"
 STATE_PARTITIONS = 2  # a stateful pipeline's state store partitions unless the session sets its own
@@ -197,7 +197,7 @@ class PipelineDriver(DriverRuntime):
             *limits["trigger_seconds"],
         )
 
-    # ------------------------------------------------------------------ stateful (relay.stateful)
+    # ------------------------------------------------------------------ stateful (relay.pipeline.stateful)
     def stream(self, spark: Any) -> tuple[Any, str]:
         """A stateful pipeline's transform runs on the stream (its state in the checkpoint) and the
         sink gets each batch's updated rows; a stateless one's runs per batch (process_batch)."""
@@ -216,7 +216,7 @@ class PipelineDriver(DriverRuntime):
         return options
 
     def _starting_offsets(self) -> str:
-        """A stateful instance warms its state up first (found once, ``relay.stateful``): a standby
+        """A stateful instance warms its state up first (found once, ``relay.pipeline.stateful``): a standby
         from ``warm_up_s`` ago, any other from ``warm_up_s`` before the newest record below its
         cursors; a stateless one starts at its cursors (the runtime's)."""
         p = self.pipeline
@@ -248,7 +248,7 @@ class PipelineDriver(DriverRuntime):
     def shadow_batch(self, df: Any, batch_id: int, end: Offsets) -> None:
         """Run the batch's tasks with no range to apply (Spark's state store advances, the sink
         skips every row), then report READY once within one batch of the topic's end."""
-        from relay.kafka_offsets import KafkaOffsets
+        from relay.kafka.offsets import KafkaOffsets
 
         counts = self._write_nothing(with_state_position(df, 0, batch_id), batch_id, "a shadow batch")
         with KafkaOffsets(self.args.bootstrap) as kafka:
@@ -305,7 +305,7 @@ class PipelineDriver(DriverRuntime):
             f"batch {batch_id}: prepare",
         )
         t1 = time.perf_counter()
-        if p.stateful:  # aggregated rows: the writer's position, not the records' (relay.stateful)
+        if p.stateful:  # aggregated rows: the writer's position, not the records' (relay.pipeline.stateful)
             gen = generation(lease.id for lease in self.ledger.leases(self.instance.id))
             pos = state_position(attempt.epoch, batch_id)
             out, ranges = with_state_position(df, gen, pos), state_ranges(ranges, gen, pos)

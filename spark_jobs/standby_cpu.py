@@ -1,4 +1,4 @@
-"""A standby's driver and executors at a lower CPU priority until the handoff (relay.standby_priority).
+"""A standby's driver and executors at a lower CPU priority until the handoff (relay.spark.standby_priority).
 
 The driver lowers its own process tree (its JVM, itself, the Python workers of a local session)
 before it builds the session, and its executors' trees with one small job as soon as they run
@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from relay.standby_priority import jvm_above, lower, take_back
+from relay.spark.standby_priority import jvm_above, lower, take_back
 
 log = logging.getLogger("relay.standby_cpu")
 
@@ -49,7 +49,7 @@ class StandbyCpu:
             import socket
 
             import pyarrow as pa
-            from relay.standby_priority import jvm_above, lower
+            from relay.spark.standby_priority import jvm_above, lower
 
             for _ in batches:
                 pass
@@ -76,7 +76,7 @@ class StandbyCpu:
         def task(batches: Any) -> Any:
             import socket
 
-            from relay.standby_priority import jvm_above, take_back
+            from relay.spark.standby_priority import jvm_above, take_back
 
             for _ in batches:
                 pass

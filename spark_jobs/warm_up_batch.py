@@ -74,7 +74,7 @@ def rehearse(
 
     try:
         import kafka_source
-        from relay.kafka_offsets import KafkaOffsets
+        from relay.kafka.offsets import KafkaOffsets
 
         with KafkaOffsets(source_options["kafka.bootstrap.servers"], timeout_s=min(10.0, timeout_s)) as kafka:
             earliest, latest = kafka.earliest(topic), kafka.latest(topic)

@@ -30,10 +30,10 @@ from typing import Any
 
 import requests
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.config_env import config_env
+from relay.config.env import config_env
+from relay.config.secret_files import ensure_user_password, write_private
 from relay.crashpoints import forwarded_env
 from relay.errors import StackError
-from relay.secret_files import ensure_user_password, write_private
 
 from relay_dev.airflow_api import (
     ADMIN_USER,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.config import RelayConfig
+from relay.config.inputs import float_above, int_at_least
 from relay.errors import RelayError
-from relay.inputs import float_above, int_at_least
 
 from relay_dev.bench.options import SECTIONS
 

@@ -15,10 +15,10 @@ from relay.artifacts import DEFAULT_PIPELINE_CODE
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError
+from relay.kafka.producer import produce
 from relay.ledger.store import Ledger
 from relay.operations.inventory import take_inventory
-from relay.producer import produce
-from relay.status import offsets_view
+from relay.operations.status import offsets_view
 
 from relay_dev.airflow_local import base_url, passwords_file, trigger_dag_rest, wait_dag_run
 

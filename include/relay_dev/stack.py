@@ -28,11 +28,11 @@ from typing import Any
 
 from relay.config import RelayConfig
 from relay.errors import KafkaError, SparkError, StackError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.engine import safe_url
-from relay.spark_auth import signer_for
-from relay.spark_install import spark_home
-from relay.spark_rest import SparkStandaloneClient
+from relay.spark.auth import signer_for
+from relay.spark.install import spark_home
+from relay.spark.rest import SparkStandaloneClient
 
 from relay_dev import keeper
 from relay_dev.ports import port_taken

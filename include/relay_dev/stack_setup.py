@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from relay.config import RelayConfig
+from relay.config.secret_files import write_private
 from relay.errors import LedgerError, StackError
 from relay.ledger.engine import create_ledger, safe_url
-from relay.secret_files import write_private
-from relay.spark_auth import ensure_secret_file, master_properties, read_secret_file
+from relay.spark.auth import ensure_secret_file, master_properties, read_secret_file
 
 from relay_dev.postgres_local import restrict_dir
 

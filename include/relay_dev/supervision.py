@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.config.secret_files import create_private, write_private
 from relay.errors import StackError
-from relay.secret_files import create_private, write_private
 from supervisor.xmlrpc import SupervisorTransport
 
 from relay_dev import supervised_exec

@@ -22,7 +22,7 @@ authentication of its own (Spark 4 refuses ``spark.authenticate`` with the REST 
 stay on a trusted network (the embedded stack binds 127.0.0.1).
 
 So it works, but it costs a JVM per submission and log scraping; the library's
-:class:`relay.spark_rest.SparkStandaloneClient` posts the same CreateSubmissionRequest directly.
+:class:`relay.spark.rest.SparkStandaloneClient` posts the same CreateSubmissionRequest directly.
 ``relay bench --only submit`` times both on the same trivial driver (2 cores, load 4-11): submit to
 driver id, median of 3, 85 ms through the REST client and 19.5 s through this module (7.4 CPU seconds
 and a 179 MiB JVM per submission), and spark-submit against the signed REST port is refused with
@@ -37,13 +37,13 @@ import os
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from relay.artifacts import artifact, build_artifact, check_deployable
 from relay.config import RelayConfig
-from relay.driver_properties import driver_properties
 from relay.errors import SparkError
-from relay.launcher import driver_args, submission_environment
 from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
-from relay.spark_install import spark_home
-from relay.spark_rest import PYTHON_RUNNER
+from relay.spark.driver_properties import driver_properties
+from relay.spark.install import spark_home
+from relay.spark.launcher import driver_args, submission_environment
+from relay.spark.rest import PYTHON_RUNNER
 
 SUBMIT_CONN_ID = "relay_spark_submit"
 
@@ -62,7 +62,7 @@ def submit_with_provider(
     """Submit the instance's driver (cluster mode, supervised) with SparkSubmitHook; record its id.
 
     Same contract and same artifact (frozen job file + code zip of the version) as
-    :func:`relay.launcher.launch`; returns the submission (driver) id.
+    :func:`relay.spark.launcher.launch`; returns the submission (driver) id.
     """
     art = artifact(config, instance.version)
     if not art.exists():
@@ -94,10 +94,10 @@ def submit_python_driver(
 ) -> str:
     """One cluster-mode Python driver through SparkSubmitHook (a ``spark-submit`` JVM); its driver id.
 
-    ``props`` as :func:`relay.driver_properties.driver_properties` builds them (its ``spark.master`` is
+    ``props`` as :func:`relay.spark.driver_properties.driver_properties` builds them (its ``spark.master`` is
     dropped: the connection decides), ``env`` the driver's environment (secrets included): it is
     spark-submit's own, which the legacy gateway hands to the driver. Also what ``relay bench --only
-    submit`` times against :class:`relay.spark_rest.SparkStandaloneClient`.
+    submit`` times against :class:`relay.spark.rest.SparkStandaloneClient`.
     """
     props = {k: v for k, v in props.items() if k != "spark.master"}  # the connection decides the master URL
     props["spark.master.rest.enabled"] = "false"  # the legacy gateway forwards the environment below

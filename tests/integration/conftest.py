@@ -87,12 +87,12 @@ def sink_url(postgres_url: str) -> str:
 def no_driver_left_on_the_shared_stack(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a test on the session's stack, kill any driver it left running (a test that failed
     before its own stop): a pipeline left behind holds cores, and the next test's deploy or upgrade
-    would be refused for want of room (``relay.capacity``) instead of failing for its own reasons."""
+    would be refused for want of room (``relay.spark.capacity``) instead of failing for its own reasons."""
     yield
     if "stack" not in request.fixturenames:
         return
     from relay.errors import SparkError
-    from relay.launcher import spark_client
+    from relay.spark.launcher import spark_client
 
     client = spark_client(request.getfixturevalue("stack"))
     try:

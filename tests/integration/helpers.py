@@ -14,14 +14,14 @@ from pathlib import Path
 
 from relay.artifacts import artifact
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.driver_properties import driver_environment, driver_properties
-from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_args, driver_output, spark_client, submission_environment
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import produce
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
-from relay.producer import produce
+from relay.spark.driver_properties import driver_environment, driver_properties
+from relay.spark.launcher import driver_args, driver_output, spark_client, submission_environment
 from relay_dev.airflow_local import airflow_env
 
 from tests.conftest import wait_for
@@ -98,10 +98,10 @@ def python_driver_pid(ledger: Ledger, instance_id: int) -> tuple[int, int]:
 def instance_nice(cfg: RelayConfig, ledger: Ledger, instance_id: int) -> dict[str, set[int]]:
     """The nice values of every thread of an instance's running driver (its JVM, the Python driver
     and what they started) and of its executors (the processes working in the worker's folder of
-    its application, and theirs): what ``relay.standby_priority`` sets. Empty sets: none yet."""
+    its application, and theirs): what ``relay.spark.standby_priority`` sets. Empty sets: none yet."""
     import os
 
-    from relay.standby_priority import jvm_above, process_tree, thread_nice
+    from relay.spark.standby_priority import jvm_above, process_tree, thread_nice
 
     running = [a for a in ledger.attempts(instance_id) if a.state is AttemptState.RUNNING]
     attempt = running[-1] if running else None

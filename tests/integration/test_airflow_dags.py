@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import StackError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import produce
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
-from relay.producer import produce
 from relay_dev.airflow_local import (
     AirflowApi,
     LocalAirflow,
@@ -286,9 +286,9 @@ def test_provider_submit_hook_starts_a_cluster_driver(
     stack: RelayConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The alternative launcher path (SparkSubmitHook + PythonRunner + a carrier jar) really runs the job."""
-    from relay.launcher import wait_until_active
     from relay.ledger.models import Color
     from relay.operations.deploy import create_instance
+    from relay.spark.launcher import wait_until_active
 
     for key, value in airflow_env(stack).items():  # connections, incl. relay_spark_submit
         if key.startswith("AIRFLOW") or key == "PATH":  # PATH: the hook finds spark-submit in the venv

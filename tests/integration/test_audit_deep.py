@@ -19,7 +19,7 @@ from relay.audit import audit
 from relay.cli import main
 from relay.config import RelayConfig, load_config
 from relay.errors import KafkaError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.snapshot import read_snapshot
 from relay.ledger.store import Ledger
 from relay.sinks import ledger_messages_tables as counter_tables

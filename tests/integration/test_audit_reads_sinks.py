@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from relay.artifacts import build_artifact
 from relay.cli import main
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.engine import create_ledger
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy

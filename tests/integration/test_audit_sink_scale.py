@@ -19,7 +19,7 @@ from relay.artifacts import build_artifact
 from relay.audit.sink import audit_sink
 from relay.audit.versions import forget
 from relay.config import RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
 

@@ -14,14 +14,14 @@ import pytest
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.health import Level, run_health
-from relay.launcher import launch, spark_client
+from relay.kafka.producer import produce
 from relay.ledger.models import AttemptState, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
-from relay.producer import produce
 from relay.sinks import ledger_messages_tables as counter_tables
-from relay.spark_rest import DriverState
+from relay.spark.launcher import launch, spark_client
+from relay.spark.rest import DriverState
 from relay_dev.stack import LocalStack, Part, pid_alive
 from sqlalchemy import func, select
 

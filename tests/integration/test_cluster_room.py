@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import pytest
 from relay.artifacts import build_artifact
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.driver_properties import driver_environment, driver_properties
 from relay.errors import OperationError
-from relay.launcher import FirstCommitWait, spark_client
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
-from relay.spark_rest import DriverState, MasterState
+from relay.spark.driver_properties import driver_environment, driver_properties
+from relay.spark.launcher import FirstCommitWait, spark_client
+from relay.spark.rest import DriverState, MasterState
 
 from tests.conftest import wait_for
 from tests.ledger_builder import LedgerBuilder

@@ -10,16 +10,16 @@ import pytest
 from relay.audit import audit, render
 from relay.config import RelayConfig
 from relay.errors import OperationError
-from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import driver_running, launch, spark_client
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import produce
 from relay.ledger.models import AttemptState, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
-from relay.producer import produce
 from relay.protocol import checkpoint
-from relay.spark_rest import DriverState
+from relay.spark.launcher import driver_running, launch, spark_client
+from relay.spark.rest import DriverState
 
 from tests.conftest import wait_for
 from tests.counter_batches import counted
@@ -160,7 +160,7 @@ def test_second_attempt_fences_the_first_and_stop_is_clean_in_local_mode(
 
 
 def test_driver_with_bad_arguments_is_not_relaunched(stack: RelayConfig) -> None:
-    from relay.driver_properties import driver_environment, driver_properties
+    from relay.spark.driver_properties import driver_environment, driver_properties
 
     client = spark_client(stack)
     job = str(stack.data_dir.parent.parent.parent / "spark_jobs" / "pipeline_driver.py")

@@ -30,12 +30,12 @@ from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import RelayConfig
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
+from relay.kafka.producer import produce
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
-from relay.producer import produce
 from relay.sinks import ledger_messages_tables as counter_tables
 from relay.sinks.ledger_messages import CRASH_BEFORE_COMMIT
 from relay_dev.bench.context import driver_stdout

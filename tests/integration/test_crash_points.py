@@ -14,16 +14,16 @@ import uuid
 import pytest
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.config_env import config_env
+from relay.config.env import config_env
 from relay.crashpoints import CRASH_ENV, CRASH_EXIT, RECOVERY_POINTS, UPGRADE_POINTS
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import produce
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.recover import recover
 from relay.operations.stop import stop
 from relay.operations.upgrade import upgrade
-from relay.producer import produce
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up

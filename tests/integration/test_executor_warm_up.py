@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from relay.config import RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 
 from tests.integration.conftest import private_data_dir
 

@@ -24,7 +24,7 @@ from kafka import KafkaProducer
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import AttemptState, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy

@@ -21,7 +21,7 @@ import pytest
 from kafka_offsets_plan import plan_batch_end
 from relay.config import RelayConfig
 from relay.errors import ConfigError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps

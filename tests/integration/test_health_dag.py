@@ -7,12 +7,12 @@ import uuid
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 from relay.config import RelayConfig
-from relay.launcher import spark_client
+from relay.kafka.producer import produce
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
-from relay.producer import produce
 from relay.sinks import ledger_messages_tables as counter_tables
+from relay.spark.launcher import spark_client
 from relay_dev.airflow_local import ensure_airflow_db
 from sqlalchemy import func, select
 

@@ -13,11 +13,11 @@ import uuid
 import pytest
 from relay.config import RelayConfig
 from relay.health import Level, PartitionStatus, run_health
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import produce
 from relay.ledger.models import Color, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import create_instance
-from relay.producer import produce
 
 pytestmark = pytest.mark.integration
 

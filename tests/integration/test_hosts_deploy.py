@@ -67,8 +67,8 @@ cores_max = 2
 def driver_placement(cluster: NamespaceCluster, env: dict[str, str]) -> dict[str, Any]:
     """The instance's driver as the ledger and the master see it, read on the client's network."""
     from relay.config import load_config
-    from relay.launcher import spark_client
     from relay.ledger.store import Ledger
+    from relay.spark.launcher import spark_client
 
     def look() -> dict[str, Any]:
         cfg = load_config(env)
@@ -259,7 +259,7 @@ def delete_unread(env: dict[str, str], partition: int, keep: int) -> int:
     """Delete a partition's records up to ``keep`` before its end, past the stopped pipeline's cursor
     (retention did it); the number of records it never read that are gone."""
     from relay.config import load_config
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
     from relay.ledger.store import Ledger
 
     cfg = load_config(env)

@@ -161,7 +161,7 @@ class _Sink:
     batches: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        # one action per batch: every action re-reads the source (PLATFORM.md)
+        # one action per batch: every action re-reads the source (a Python data source is not cached)
         self.batches[batch_id] = [
             (r["partition"], r["offset"]) for r in df.select("partition", "offset").collect()
         ]

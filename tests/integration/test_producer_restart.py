@@ -23,8 +23,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from relay.config import RelayConfig, load_config
 from relay.errors import KafkaError
-from relay.kafka_offsets import KafkaOffsets
-from relay.producer import POISON_KEY, highest_counter, produce
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import POISON_KEY, highest_counter, produce
 from relay_dev.stack import LocalStack, Part, pid_alive, session_pids
 
 from tests.conftest import wait_for

@@ -10,14 +10,14 @@ import pytest
 from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError, OperationInProgressError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import produce
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.recover import recover
+from relay.operations.status import offsets_view
 from relay.operations.stop import stop
 from relay.operations.upgrade import ALL_TERMINAL
-from relay.producer import produce
-from relay.status import offsets_view
 from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for

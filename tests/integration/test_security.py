@@ -20,18 +20,18 @@ import jwt
 import pytest
 import requests
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.config_env import config_env
-from relay.driver_properties import driver_environment, driver_properties
+from relay.config.env import config_env
 from relay.errors import LedgerNotFoundError
-from relay.launcher import spark_client
+from relay.kafka.producer import produce
 from relay.ledger.engine import create_ledger, sqlite_path
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
-from relay.producer import produce
-from relay.spark_auth import decode_key
-from relay.spark_rest import create_request
+from relay.spark.auth import decode_key
+from relay.spark.driver_properties import driver_environment, driver_properties
+from relay.spark.launcher import spark_client
+from relay.spark.rest import create_request
 from relay_dev.airflow_local import ADMIN_USER, AirflowApi, LocalAirflow, passwords_file
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import URL, make_url

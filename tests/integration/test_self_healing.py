@@ -25,12 +25,12 @@ import pytest
 import requests
 from relay.audit import audit
 from relay.config import RelayConfig, load_config
-from relay.launcher import spark_client
+from relay.kafka.producer import produce
 from relay.ledger.engine import create_ledger
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
-from relay.producer import produce
+from relay.spark.launcher import spark_client
 from relay_dev.airflow_local import LocalAirflow, base_url, program_name
 from relay_dev.stack import LocalStack, Part, pid_alive
 from relay_dev.supervision import group_pids

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 from relay.config import RelayConfig, load_config
-from relay.driver_properties import driver_environment, driver_properties
 from relay.errors import KafkaError, StackError
-from relay.kafka_offsets import KafkaOffsets
-from relay.producer import highest_counter, produce
-from relay.spark_auth import signer_for
-from relay.spark_rest import DriverState, SparkStandaloneClient
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import highest_counter, produce
+from relay.spark.auth import signer_for
+from relay.spark.driver_properties import driver_environment, driver_properties
+from relay.spark.rest import DriverState, SparkStandaloneClient
 from relay_dev.stack import LocalStack, group_pids, pid_alive
 
 from tests.conftest import wait_for

@@ -21,7 +21,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
@@ -29,7 +29,7 @@ from relay.operations.inventory import master_apps
 from relay.operations.rollback import rollback
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
-from relay.stateful import STATE_TOPIC
+from relay.pipeline.stateful import STATE_TOPIC
 from relay_dev.bench.context import driver_stdout
 
 from tests.conftest import wait_for

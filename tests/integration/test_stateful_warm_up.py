@@ -12,7 +12,7 @@ import uuid
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
-from relay.stateful import warm_up_before
+from relay.pipeline.stateful import warm_up_before
 
 from tests.integration.test_kafka_transactional_sink import broker  # noqa: F401 - a module-scoped broker
 

@@ -1,6 +1,6 @@
 """A topic re-created under the same name: the marks tell, the driver refuses, health says CRITICAL.
 
-On the stack's real broker. The first test drives ``relay.kafka_identity`` directly over a delete and
+On the stack's real broker. The first test drives ``relay.kafka.identity`` directly over a delete and
 re-create (with more records than before, then with fewer); the second deploys the counter, lets it
 apply, re-creates its topic while it is stopped, and deploys again: the driver must refuse to start
 (nothing read, nothing counted as applied), health must name the change, and a recovery from the new
@@ -17,14 +17,14 @@ from relay.audit import audit
 from relay.config import RelayConfig
 from relay.errors import OperationError
 from relay.health import Level, run_health
-from relay.kafka_identity import Marker, applied_ends, changes, marks_of, take_marks
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.identity import Marker, applied_ends, changes, marks_of, take_marks
+from relay.kafka.offsets import KafkaOffsets
+from relay.kafka.producer import produce
 from relay.ledger.models import Color, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.recover import recover
 from relay.operations.stop import stop
-from relay.producer import produce
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up

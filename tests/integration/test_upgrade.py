@@ -11,17 +11,17 @@ import pytest
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.config_env import config_env
+from relay.config.env import config_env
 from relay.errors import OperationError
-from relay.launcher import driver_running, spark_client
+from relay.kafka.producer import produce
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
-from relay.producer import produce
-from relay.standby_priority import can_take_back
+from relay.spark.launcher import driver_running, spark_client
+from relay.spark.standby_priority import can_take_back
 from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
@@ -57,7 +57,7 @@ def test_upgrade_under_load_hands_off_exactly_then_abort_and_refusal(pipeline_co
     build_artifact(cfg, "v2")
 
     # Messages keep coming (50/s) during the whole upgrade, green's warm-up included. While a
-    # standby, green's driver and executors run at a lower priority (relay.standby_priority).
+    # standby, green's driver and executors run at a lower priority (relay.spark.standby_priority).
     watches: list[NiceWatch] = []
 
     def progress(message: str) -> None:

@@ -13,14 +13,14 @@ import pytest
 from relay.artifacts import MISSING_MODULE, build_artifact
 from relay.audit import audit
 from relay.config import RelayConfig
-from relay.launcher import driver_running, spark_client
+from relay.kafka.producer import produce
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.operations.upgrade import UpgradeState, upgrade
-from relay.producer import produce
-from relay.spark_rest import DriverState
+from relay.spark.launcher import driver_running, spark_client
+from relay.spark.rest import DriverState
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up

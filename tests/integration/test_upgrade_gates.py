@@ -13,6 +13,7 @@ import pytest
 from relay.artifacts import build_artifact
 from relay.audit import audit
 from relay.config import RelayConfig
+from relay.kafka.producer import produce
 from relay.ledger import schema as s
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
@@ -21,7 +22,6 @@ from relay.operations.inventory import master_apps
 from relay.operations.rollback import previous_version, rollback
 from relay.operations.stop import stop
 from relay.operations.upgrade import upgrade
-from relay.producer import produce
 from sqlalchemy import select
 
 from tests.conftest import wait_for

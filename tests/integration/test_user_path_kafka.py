@@ -26,8 +26,7 @@ from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
-from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import FirstCommitWait
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps as steps
@@ -37,6 +36,7 @@ from relay.operations.upgrade import UpgradeState, open_upgrade, upgrade
 from relay.operations.waits import DrainedWait, wait_in_process
 from relay.sinks import kafka_clients as kc
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
+from relay.spark.launcher import FirstCommitWait
 
 from tests.conftest import wait_for
 from tests.integration.helpers import (
@@ -189,6 +189,6 @@ def test_a_shuffling_kafka_pipeline_writes_each_record_once_through_kills_upgrad
 
 
 def _driver_log(cfg: RelayConfig, ledger: Ledger, instance_id: int) -> str:
-    from relay.launcher import driver_output
+    from relay.spark.launcher import driver_output
 
     return driver_output(cfg, ledger.instance(instance_id))

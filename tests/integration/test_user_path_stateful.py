@@ -19,7 +19,7 @@ import pytest
 from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.recover import recover
@@ -72,7 +72,7 @@ def test_a_redeployed_or_recovered_stateful_pipeline_counts_every_window_whole(
     blue = deploy(cfg, version=v1, wait_s=300)["instance_id"]
     wait_for("the backlog to be counted", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
 
-    # An upgrade under load: green warms up in shadow before the handoff (relay.stateful).
+    # An upgrade under load: green warms up in shadow before the handoff (relay.pipeline.stateful).
     with WordLoad(cfg):
         result = upgrade(cfg, version, grace_s=300, drain_timeout_s=240)
         assert result["state"] == UpgradeState.DONE.value, result

@@ -20,13 +20,13 @@ from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import RelayConfig
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import AttemptState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
+from relay.operations.status import status_view
 from relay.operations.stop import stop
-from relay.status import status_view
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up, print_drivers, python_driver_pid, wait_relaunched

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 from relay.audit import audit
 from relay.config import RelayConfig, load_config
-from relay.config_env import config_env
+from relay.config.env import config_env
 from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
 from relay_dev.airflow_local import airflow_bin, airflow_env, ensure_airflow_db

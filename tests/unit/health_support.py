@@ -11,15 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import relay.kafka_offsets
-import relay.status
+import relay.kafka.offsets
+import relay.operations.status
 from relay.config import RelayConfig
 from relay.health import HealthReport
 from relay.ledger import schema as s
 from relay.ledger.models import Attempt, Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory
-from relay.spark_rest import AppState, SparkApp
+from relay.spark.rest import AppState, SparkApp
 
 from tests.counter_batches import counter_batch, row
 
@@ -40,7 +40,8 @@ def open_ledger(config: RelayConfig) -> Iterator[Ledger]:
 
 
 class FakeKafka:
-    """Stands in for KafkaOffsets so that relay.status.offsets_view runs unchanged on chosen offsets."""
+    """Stands in for KafkaOffsets so that relay.operations.status.offsets_view runs unchanged on
+    chosen offsets."""
 
     earliest_offsets: dict[int, int] = {}
     latest_offsets: dict[int, int] = {}
@@ -78,8 +79,8 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> type[FakeKafka]:
         earliest_offsets = {0: 0, 1: 0}
         latest_offsets = {0: 0, 1: 0}
 
-    monkeypatch.setattr(relay.status, "KafkaOffsets", K)
-    monkeypatch.setattr(relay.kafka_offsets, "KafkaOffsets", K)
+    monkeypatch.setattr(relay.operations.status, "KafkaOffsets", K)
+    monkeypatch.setattr(relay.kafka.offsets, "KafkaOffsets", K)
     return K
 
 

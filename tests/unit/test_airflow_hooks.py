@@ -23,7 +23,7 @@ if str(PROJECT_ROOT / "plugins") not in sys.path:  # Airflow puts plugins/ on sy
 import jwt  # noqa: E402
 from airflow.sdk.exceptions import AirflowNotFoundException  # noqa: E402
 from relay.ledger.engine import create_ledger, safe_url  # noqa: E402
-from relay.spark_auth import decode_key, ensure_secret_file  # noqa: E402
+from relay.spark.auth import decode_key, ensure_secret_file  # noqa: E402
 from relay_airflow.config import relay_config_from_connections  # noqa: E402
 from relay_airflow.hooks.kafka_offsets import KafkaOffsetsHook  # noqa: E402
 from relay_airflow.hooks.ledger import LedgerHook  # noqa: E402

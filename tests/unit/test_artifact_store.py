@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relay.artifact_store import (
+from relay.artifacts import artifact, build_artifact
+from relay.artifacts.store import (
     BOOTSTRAP,
     anywhere_environment,
     anywhere_properties,
@@ -18,13 +19,12 @@ from relay.artifact_store import (
     stored,
     submit_from_store,
 )
-from relay.artifacts import artifact, build_artifact
 from relay.config import PROJECT_ROOT, RelayConfig, load_config
-from relay.driver_properties import DRIVER_JIT_OPTS, driver_properties
 from relay.errors import ConfigError
-from relay.launcher import submission_environment
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
+from relay.spark.driver_properties import DRIVER_JIT_OPTS, driver_properties
+from relay.spark.launcher import submission_environment
 
 sys.path.insert(0, str(PROJECT_ROOT / "spark_jobs"))
 import artifact_bootstrap as boot  # noqa: E402

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from relay.artifact_store import publish
 from relay.artifacts import build_artifact
+from relay.artifacts.store import publish
 from relay.audit.evaluate import KAFKA_DDL, InputRecords
 from relay.audit.sink import audit_sink
 from relay.audit.sink_report import SinkAuditError

@@ -9,11 +9,11 @@ import pipeline_driver
 import pytest
 from pipeline_driver import PipelineDriver
 from relay.config import RelayConfig, load_config
-from relay.launcher import driver_args, operator_limits, submission_environment
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.operations.upgrade_state import resolved_max_lag
 from relay.pipeline import OPERATOR_LIMITS_ENV, Pipeline, effective_limits
 from relay.pipeline import operator_limits as driver_operator_limits
+from relay.spark.launcher import driver_args, operator_limits, submission_environment
 
 LIMIT, TRIGGER = "max_offsets_per_trigger", "trigger_seconds"
 INSTANCE = Instance(
@@ -80,7 +80,7 @@ def test_the_environment_and_the_file_each_declare_what_they_set(tmp_path: Path)
 
 
 def test_a_handed_on_environment_names_what_its_operator_set(tmp_path: Path) -> None:
-    """relay.config_env hands on every value (Relay's defaults too) and names the operator's."""
+    """relay.config.env hands on every value (Relay's defaults too) and names the operator's."""
     env = {
         "RELAY_DATA_DIR": str(tmp_path),
         "RELAY_MAX_OFFSETS_PER_TRIGGER": "20000",

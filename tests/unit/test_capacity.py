@@ -4,12 +4,12 @@ standalone master places drivers and executors, and the words a person gets when
 from __future__ import annotations
 
 import pytest
-from relay.capacity import Needs, memory_mb, never_fits, room_problem, start_shortfall
 from relay.config import RelayConfig
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.operations.inventory import Inventory
 from relay.operations.upgrade_plan import judge_blue
-from relay.spark_rest import MasterState
+from relay.spark.capacity import Needs, memory_mb, never_fits, room_problem, start_shortfall
+from relay.spark.rest import MasterState
 
 ONE_AND_ONE = Needs(driver_cores=1, driver_mb=512, executor_cores=1, executor_mb=512)
 

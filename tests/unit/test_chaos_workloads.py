@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from relay.pipeline import load_package
-from relay.sink_declares import sink_declares
+from relay.pipeline.sink_declares import sink_declares
 from relay_dev.chaos.workloads import EXAMPLES, USERS, kept_event, record, workload_of
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from relay.cli import main
-from relay.cli_render import render
+from relay.cli.render import render
 from relay.ledger import schema as s
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger

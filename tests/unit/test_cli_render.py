@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 
 import pytest
-from relay.cli_render import iso_time, render
+from relay.cli.render import iso_time, render
 from rich.console import Console
 
 NOW = 1_795_000_000.0  # 2026-11-18
@@ -112,7 +112,7 @@ def test_other_results_are_field_tables_with_nested_rows() -> None:
 def test_piped_output_fits_the_terminal_the_person_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue #34: every table was 240 columns wide when stdout was not a terminal (wrapped into noise
     on 80 columns); COLUMNS, or the terminal on stderr or stdin, gives the width; else 240."""
-    from relay import cli_render
+    from relay.cli import render as cli_render
 
     monkeypatch.setenv("COLUMNS", "80")
     assert cli_render.output_width() == 80

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from relay.config import Ports, RelayConfig, load_config
-from relay.config_env import config_env
+from relay.config.env import config_env
 from relay.errors import ConfigError
 
 

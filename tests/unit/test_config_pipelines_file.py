@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from relay.artifacts import artifacts_dir
 from relay.config import PROJECT_ROOT, RelayConfig, load_config, pipeline_names
-from relay.driver_properties import driver_properties
 from relay.errors import ConfigError
-from relay.pipelines_file import read_pipelines_file
+from relay.pipeline.pipelines_file import read_pipelines_file
+from relay.spark.driver_properties import driver_properties
 
 TWO = """
 default = "orders"
@@ -200,7 +200,7 @@ def test_the_file_wins_over_a_stale_per_pipeline_environment(tmp_path: Path) -> 
 
 def test_airflow_processes_read_the_same_file(tmp_path: Path) -> None:
     """``relay airflow up`` hands RELAY_PIPELINES_FILE on (it drops the caller's other RELAY_*)."""
-    from relay.config_env import config_env
+    from relay.config.env import config_env
 
     elsewhere = tmp_path / "conf"
     elsewhere.mkdir()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from relay.config import PROJECT_ROOT, load_config
-from relay.inputs import (
+from relay.config.inputs import (
     HANDOFF_PATTERN,
     OFFSETS_SCHEMA,
     OPTIONAL_VERSION_PATTERN,

@@ -17,10 +17,13 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
-from relay import driver_logs, launcher
 from relay.artifacts import MISSING_MODULE, build_artifact
 from relay.config import load_config
-from relay.driver_logs import (
+from relay.errors import OperationError, SparkError
+from relay.ledger.models import Instance, InstanceState
+from relay.ledger.store import Ledger
+from relay.spark import driver_logs, launcher
+from relay.spark.driver_logs import (
     DriverLogUnavailable,
     LaunchCounter,
     WorkerLogs,
@@ -29,10 +32,7 @@ from relay.driver_logs import (
     explain_failure,
     parse_log_response,
 )
-from relay.errors import OperationError, SparkError
-from relay.ledger.models import Instance, InstanceState
-from relay.ledger.store import Ledger
-from relay.spark_rest import MasterState, SparkStandaloneClient
+from relay.spark.rest import MasterState, SparkStandaloneClient
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DRIVER = "driver-20261123110305-0001"

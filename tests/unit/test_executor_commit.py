@@ -9,7 +9,7 @@ from relay.audit.coverage import RangeCoverage
 from relay.errors import SourceGapError, ZombieAttemptError
 from relay.ledger.models import Color, InstanceState
 from relay.ledger.store import Ledger
-from relay.pipeline_tasks import counts_from, partition_writer, sum_results
+from relay.pipeline.tasks import counts_from, partition_writer, sum_results
 from relay.protocol import commit_cursors, prepare_batch
 from relay.sinks.base import FencedWriteError, TaskContext, TaskResult
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from relay import launcher
 from relay.config import load_config
 from relay.errors import OperationError
 from relay.ledger.models import AttemptState, Color, InstanceState
 from relay.ledger.store import Ledger
+from relay.spark import launcher
 
 
 @pytest.fixture()

@@ -20,7 +20,7 @@ from relay.operations import heal as heal_mod
 from relay.operations.heal import MAX_RELAUNCHES, relaunch_dead
 from relay.operations.inventory import Inventory
 from relay.operations.upgrade_state import ALL_TERMINAL
-from relay.spark_rest import DriverState
+from relay.spark.rest import DriverState
 
 from tests.ledger_builder import LedgerBuilder
 
@@ -190,7 +190,7 @@ def test_an_instance_that_changed_since_the_inventory_is_left_alone(config, ledg
 @pytest.mark.parametrize(("raw", "value"), [("", True), ("false", False), ("0", False), ("on", True)])
 def test_relay_heal_is_read_from_the_environment(raw: str, value: bool) -> None:
     from relay.config import load_config
-    from relay.config_env import config_env
+    from relay.config.env import config_env
 
     cfg = load_config({"RELAY_HEAL": raw})
     assert cfg.heal is value and load_config(config_env(cfg)).heal is value

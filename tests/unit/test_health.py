@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import relay.status
+import relay.operations.status
 from relay.config import RelayConfig
 from relay.errors import LaunchRefusedError
 from relay.health import (
@@ -223,7 +223,7 @@ def test_retention_time_left_from_produce_rate_warns_under_two_intervals(config,
         ledger,
         now=t0 + 100,
         inventory=running(ledger, inst),
-        offsets=relay.status.offsets_view(config, ledger),
+        offsets=relay.operations.status.offsets_view(config, ledger),
         retention_ms=500_000,
     )
     p0 = part(report, "retention", 0)

@@ -1,4 +1,4 @@
-"""The shared input rules (relay.inputs): version labels, times, offsets, counters, CLI number types.
+"""The shared input rules (relay.config.inputs): version labels, times, offsets, counters, CLI number types.
 
 The DAG params use the same patterns (tests/unit/test_dag_params.py); here each rule is checked on
 its own, with the inputs an operator could plausibly type by mistake.
@@ -11,8 +11,7 @@ import re
 
 import pytest
 from relay.artifacts import validate_version as artifacts_validate_version
-from relay.errors import ConfigError
-from relay.inputs import (
+from relay.config.inputs import (
     COUNTER_MAX,
     HANDOFF_PATTERN,
     OPTIONAL_VERSION_PATTERN,
@@ -26,6 +25,7 @@ from relay.inputs import (
     recover_inputs,
     validate_version,
 )
+from relay.errors import ConfigError
 
 BAD_VERSIONS = [
     ".",

@@ -46,7 +46,30 @@ def test_runtime_library_never_imports_the_developer_tooling() -> None:
     users = sorted(
         str(p.relative_to(RUNTIME)) for p in RUNTIME.rglob("*.py") if "relay_dev" in _any_level_imports(p)
     )
-    assert users == ["cli.py"]  # the optional registration of the developer subcommands, nothing else
+    assert users == [
+        "cli/__init__.py"
+    ]  # the optional registration of the developer subcommands, nothing else
+
+
+def test_the_library_is_grouped_by_concept() -> None:
+    """One folder per concept (issue #16); flat beside them only what every concept shares."""
+    flat = sorted(p.name for p in RUNTIME.glob("*.py"))
+    assert flat == ["__init__.py", "crashpoints.py", "errors.py"]
+    folders = sorted(p.name for p in RUNTIME.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == [
+        "artifacts",
+        "audit",
+        "cli",
+        "config",
+        "health",
+        "kafka",
+        "ledger",
+        "operations",
+        "pipeline",
+        "protocol",
+        "sinks",
+        "spark",
+    ]
 
 
 def _relay_modules(path: Path) -> set[str]:

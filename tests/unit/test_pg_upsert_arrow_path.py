@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from relay.pipeline_tasks import partition_writer
+from relay.pipeline.tasks import partition_writer
 from relay.sinks import pg_values as pv
 from relay.sinks.base import TaskContext, TaskResult
 from relay.sinks.postgres_upsert import PostgresUpsertSink

@@ -154,7 +154,7 @@ def test_artifact_from_user_code_carries_the_package_and_runtime_only(tmp_path: 
     assert {
         "json_upsert/pipeline.py",
         "json_upsert/schema.sql",
-        "relay/pipeline.py",
+        "relay/pipeline/__init__.py",
         "driver_runtime.py",
     } <= set(names)
     assert "pipeline_driver.py" not in names and "counter/pipeline.py" not in names

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from relay.ledger.models import Attempt, Color, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.pipeline_tasks import take_over_once
+from relay.pipeline.tasks import take_over_once
 from relay.protocol import commit_cursors, prepare_batch, prepare_tasks
 from relay.protocol.predecessors import PredecessorCache
 from relay.sinks.base import FencedWriteError, TaskResult

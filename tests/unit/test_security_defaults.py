@@ -18,16 +18,16 @@ from kafka_source_options import SourceSettings
 from relay import cli
 from relay.artifacts import artifact, build_artifact, require_env_interface
 from relay.config import load_config
-from relay.driver_properties import driver_properties
+from relay.config.secret_files import ensure_user_password
 from relay.errors import ConfigError, LedgerError, LedgerNotFoundError, SparkError
-from relay.launcher import LEDGER_URL_ENV, driver_args, submission_environment
 from relay.ledger import schema as s
 from relay.ledger.engine import create_ledger, ledger_exists, safe_url
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.secret_files import ensure_user_password
-from relay.spark_auth import RestSigner, decode_key, ensure_secret_file, signer_for
-from relay.spark_rest import MasterState, SparkStandaloneClient
+from relay.spark.auth import RestSigner, decode_key, ensure_secret_file, signer_for
+from relay.spark.driver_properties import driver_properties
+from relay.spark.launcher import LEDGER_URL_ENV, driver_args, submission_environment
+from relay.spark.rest import MasterState, SparkStandaloneClient
 from relay_dev.airflow_local import ADMIN_USER, airflow_env, passwords_file
 from relay_dev.postgres_local import restrict_dir
 from relay_dev.stack import LocalStack, Part

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import requests
 from relay.config import PROJECT_ROOT, load_config
-from relay.driver_properties import driver_properties
 from relay.errors import SparkError
-from relay.spark_rest import (
+from relay.spark.driver_properties import driver_properties
+from relay.spark.rest import (
     PYTHON_RUNNER,
     AppState,
     DriverState,

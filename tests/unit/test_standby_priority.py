@@ -1,5 +1,5 @@
 """A standby's lower CPU priority: set on every thread of a real process tree, taken back, and never
-lowered where it could not be taken back (relay.standby_priority)."""
+lowered where it could not be taken back (relay.spark.standby_priority)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from relay import standby_priority as sp
 from relay.config import load_config
 from relay.errors import ConfigError
+from relay.spark import standby_priority as sp
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc")
 
@@ -98,7 +98,7 @@ def test_jvm_above_finds_a_spark_jvm_at_most_two_levels_up(tmp_path: Path) -> No
             """
             import subprocess, sys
             sys.path.insert(0, sys.argv[-1])
-            from relay.standby_priority import jvm_above
+            from relay.spark.standby_priority import jvm_above
             depth = int(sys.argv[-2])
             if depth == 0:
                 print(jvm_above(), flush=True)
@@ -136,7 +136,7 @@ def test_standby_nice_is_validated(raw: str, tmp_path: Path) -> None:
 
 
 def test_standby_nice_reaches_the_driver(tmp_path: Path) -> None:
-    from relay.driver_properties import driver_environment, driver_properties
+    from relay.spark.driver_properties import driver_environment, driver_properties
 
     cfg = load_config({"RELAY_STANDBY_NICE": "15", "RELAY_DATA_DIR": str(tmp_path)})
     assert cfg.standby_nice == 15 and sp.standby_nice({}) == sp.DEFAULT_NICE == load_config({}).standby_nice

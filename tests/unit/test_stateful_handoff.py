@@ -1,4 +1,4 @@
-"""Stateful pipelines (relay.stateful): the contract's checks, the writer's position, and the ledger
+"""Stateful pipelines (relay.pipeline.stateful): the contract's checks, the writer's position, and the ledger
 side of warm-up replay -- a standby that reads in shadow records its planned ends under its own row
 lock, and the handoff takes H at or above them, so green never read a record at or past H in a
 batch it does not write. On a real ledger (SQLite); the whole upgrade is
@@ -18,9 +18,7 @@ from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps
 from relay.operations.upgrade_steps import ALL_TERMINAL, UpgradeState, _handoff
 from relay.pipeline import ForEachBatch, Pipeline, PipelineError, check_transform
-from relay.protocol.guard import SourceGuard, plan_under_guard, read_source_guard, shadowed
-from relay.sinks.postgres_upsert import PostgresUpsertSink
-from relay.stateful import (
+from relay.pipeline.stateful import (
     STATE_TOPIC,
     caught_up,
     check_stateful_sink,
@@ -28,6 +26,8 @@ from relay.stateful import (
     state_position,
     state_ranges,
 )
+from relay.protocol.guard import SourceGuard, plan_under_guard, read_source_guard, shadowed
+from relay.sinks.postgres_upsert import PostgresUpsertSink
 
 from tests.unit import test_handoff_planned_end as planned_end
 from tests.unit.test_pipeline_contract import FakeSink, identity

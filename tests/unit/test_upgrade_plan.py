@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from relay.artifacts import artifact, artifacts_dir, build_artifact, current_code_hash
-from relay.cli_render import iso_time, render
+from relay.cli.render import iso_time, render
 from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError
 from relay.ledger.models import Instance, InstanceState

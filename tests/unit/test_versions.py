@@ -28,7 +28,7 @@ from relay.artifacts import (
     current_code_hash,
     zip_code_hash,
 )
-from relay.cli_render import iso_time, render
+from relay.cli.render import iso_time, render
 from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError, OperationError
 from relay.ledger.models import Instance, InstanceState
@@ -37,7 +37,7 @@ from relay.operations import rollback as rb
 from relay.operations import upgrade as upgrade_module
 from relay.operations.upgrade_steps import ALL_TERMINAL
 from relay.pipeline import ForEachBatch, Pipeline
-from relay.sink_declares import sink_declares
+from relay.pipeline.sink_declares import sink_declares
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
 from relay.sinks.postgres_upsert import PostgresUpsertSink
 from rich.console import Console

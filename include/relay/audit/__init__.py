@@ -29,7 +29,7 @@ from relay.audit.kafka_records import CommittedRecords
 from relay.audit.report import EXAMPLES, AuditReport, PartitionAudit, render
 from relay.audit.segments import Kind, Segment, SegmentIndex, Span, split
 from relay.config import RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.snapshot import read_snapshot
 from relay.ledger.store import Ledger
 

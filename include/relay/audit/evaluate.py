@@ -24,7 +24,7 @@ from typing import Any
 
 from relay.audit.sink_report import SinkAuditError
 from relay.pipeline import Pipeline
-from relay.spark_local import local_session
+from relay.spark.local import local_session
 
 KAFKA_DDL = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "

@@ -32,7 +32,7 @@ from relay.audit.sink_reads import output_records, table_rows
 from relay.audit.sink_report import SinkAudit, SinkAuditError
 from relay.audit.versions import VersionCode, find, forget, load
 from relay.config import RelayConfig
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.pipeline import ForEachBatch, Pipeline, secret_values
 from relay.sinks.base import SOURCE_COLUMNS
@@ -165,7 +165,7 @@ def _audit(run: _Run) -> SinkAudit:
 def build_sink(pipeline: Pipeline, config: RelayConfig) -> Any:
     """The sink as the driver builds it: the factory called with ``secret_env`` from the environment
     and the ledger's URL where every driver has it (the counter's sink writes to the ledger)."""
-    from relay.launcher import LEDGER_URL_ENV
+    from relay.spark.launcher import LEDGER_URL_ENV
 
     secret_values(pipeline, os.environ)  # names a missing variable, never a value
     had = os.environ.get(LEDGER_URL_ENV)

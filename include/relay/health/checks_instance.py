@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from relay.health.report import DEPLOY, REFUSAL_WINDOW_S, STOP, Check, Level, RunState, fmt_s
-from relay.launcher import app_prefix
 from relay.ledger.models import Attempt, AttemptState, Instance, InstanceState
 from relay.operations.inventory import STALE_HEARTBEAT_S, Inventory
+from relay.spark.launcher import app_prefix
 
 STOPPING_GRACE_S = 120.0  # an application still listed this long after `relay stop` is a zombie
 COMMITTING_S = 60.0  # a commit this recent: the pipeline runs, whatever the master says

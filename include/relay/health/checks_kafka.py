@@ -178,7 +178,7 @@ def check_retention(
 
 
 def check_identity(problems: list[str], topic: str) -> Check:
-    """CRITICAL when the records at the applied offsets are not the ones applied (``relay.kafka_identity``):
+    """CRITICAL when the records at the applied offsets are not the ones applied (``relay.kafka.identity``):
     a topic re-created under the same name, a partition truncated. The driver refuses to start then."""
     if problems:
         return Check(

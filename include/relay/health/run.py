@@ -94,21 +94,21 @@ def _self_heal_check(healed: list[Relaunch]) -> Check:
 
 
 def _offsets(config: RelayConfig, ledger: Ledger) -> list[dict]:
-    from relay.status import offsets_view
+    from relay.operations.status import offsets_view
 
     return offsets_view(config, ledger)
 
 
 def _identity(config: RelayConfig, ledger: Ledger) -> list[str]:
-    from relay.kafka_identity import changes
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.identity import changes
+    from relay.kafka.offsets import KafkaOffsets
 
     with KafkaOffsets(config.kafka_bootstrap) as kafka:
         return changes(ledger, kafka, config.pipeline, config.topic)
 
 
 def _retention_ms(config: RelayConfig) -> int | None:
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
 
     with KafkaOffsets(config.kafka_bootstrap) as kafka:
         raw = kafka.topic_config(config.topic).get("retention.ms")
@@ -120,7 +120,7 @@ TIMESTAMP_WAIT_S = 3.0  # longest wait for the record at a cursor (only markers 
 
 def _cursor_timestamps(config: RelayConfig, offsets: list[dict]) -> dict[int, int | None]:
     """Timestamp (ms) of the record at each cursor that has lag: the oldest record not yet applied."""
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
 
     wanted = {
         int(r["partition"]): int(r["cursor"])
@@ -162,7 +162,8 @@ def run_health(
 ) -> HealthReport:
     """Run every check of ``config.pipeline`` and persist the report (kind ``health``).
 
-    ``offsets`` (rows as :func:`relay.status.offsets_view` returns), ``inventory``, ``retention_ms`` and
+    ``offsets`` (rows as :func:`relay.operations.status.offsets_view` returns), ``inventory``,
+    ``retention_ms`` and
     ``timestamps`` (epoch ms of the record at each cursor) replace the live Kafka / Spark master lookups
     (tests, or a caller that already has them); with ``offsets`` given and no ``timestamps``, none are
     read and lag seconds fall back to the consume rate. With ``heal`` (the health DAG's, when

@@ -212,7 +212,7 @@ artifacts = Table(
 )
 
 
-# What each partition held where the pipeline last applied (``relay.kafka_identity``): the first
+# What each partition held where the pipeline last applied (``relay.kafka.identity``): the first
 # record at or after the last applied offset, by offset, timestamp and CRC of key and value. A driver
 # start and the health check compare it with what Kafka holds there now (a topic re-created under the
 # same name, a log truncated by an unclean leader election).

@@ -7,15 +7,15 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
-from relay.capacity import HOW_TO_MAKE_ROOM
 from relay.config import RelayConfig
 from relay.errors import ConfigError, OperationError
-from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import app_name, launch, wait_until_active
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger import schema as s
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import no_room, take_inventory
+from relay.spark.capacity import HOW_TO_MAKE_ROOM
+from relay.spark.launcher import app_name, launch, wait_until_active
 
 Progress = Callable[[str], None]
 STARTING_POSITIONS = ("earliest", "latest")

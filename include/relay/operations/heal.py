@@ -1,14 +1,14 @@
 """Self-heal: relaunch a live instance whose driver Spark will never run again.
 
 Why: Spark's supervision relaunches a driver that exits non-zero, never one the master ended as
-KILLED (a recovered master had its re-registered worker kill a driver it had just relaunched,
-PLATFORM.md) nor one a master restarted without recovery has forgotten. The ledger still says
-ACTIVE, nothing runs, and until now a person had to run stop + deploy. The health check (DAG
-``relay_health``; ``relay health --heal``) relaunches such an instance itself: the same instance
-and checkpoint under a new submission with a NEW launch token, so the old submission is refused
-should the master ever bring it back, and the new attempt's epoch fences anything of it still
-writing. No record is lost or applied twice: the relaunch replays from the ledger's cursors, like
-any restart.
+KILLED (a recovered master had its re-registered worker kill a driver it had just relaunched:
+observed with Spark 4.2 standalone) nor one a master restarted without recovery has forgotten. The
+ledger still says ACTIVE, nothing runs, and until now a person had to run stop + deploy. The health
+check (DAG ``relay_health``; ``relay health --heal``) relaunches such an instance itself: the same
+instance and checkpoint under a new submission with a NEW launch token, so the old submission is
+refused should the master ever bring it back, and the new attempt's epoch fences anything of it
+still writing. No record is lost or applied twice: the relaunch replays from the ledger's cursors,
+like any restart.
 
 It relaunches only when every condition holds, and otherwise says which one did not (a person
 decides, or the next check looks again):
@@ -31,14 +31,14 @@ from dataclasses import asdict, dataclass
 
 from relay.config import RelayConfig
 from relay.errors import RelayError
-from relay.launcher import LOCAL_PREFIX, launch, spark_client
 from relay.ledger import schema as s
 from relay.ledger.attempts import DRIVER_ALIVE_S
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory
 from relay.operations.upgrade_state import ALL_TERMINAL
-from relay.spark_rest import DriverState
+from relay.spark.launcher import LOCAL_PREFIX, launch, spark_client
+from relay.spark.rest import DriverState
 
 Progress = Callable[[str], None]
 REPORT_KIND = "heal"

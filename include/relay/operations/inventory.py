@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from relay.capacity import Needs, never_fits, room_problem
 from relay.config import RelayConfig
 from relay.errors import SparkError
-from relay.launcher import app_prefix, driver_running, spark_client
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.spark_rest import MasterState, SparkApp, SparkDriver
+from relay.spark.capacity import Needs, never_fits, room_problem
+from relay.spark.launcher import app_prefix, driver_running, spark_client
+from relay.spark.rest import MasterState, SparkApp, SparkDriver
 
 STALE_HEARTBEAT_S = 60.0
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 from relay.config import RelayConfig
 from relay.errors import OperationError, OperationInProgressError
-from relay.launcher import wait_until_active
 from relay.ledger.store import Ledger
 from relay.operations import recover_steps as steps
 from relay.operations.recover_plan import STRATEGIES, PartitionPlan, RecoveryPlan, plan_recovery
 from relay.operations.recover_steps import RecoveryState, _open_new_instance
 from relay.operations.upgrade_steps import ALL_TERMINAL
+from relay.spark.launcher import wait_until_active
 
 __all__ = [
     "STRATEGIES",

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from relay.config import RelayConfig
 from relay.errors import ConfigError, OperationError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 
 STRATEGIES = ("earliest", "latest", "timestamp", "offsets")

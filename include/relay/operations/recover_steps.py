@@ -19,7 +19,6 @@ from sqlalchemy import delete
 from relay.config import RelayConfig
 from relay.crashpoints import crash_point
 from relay.errors import OperationError
-from relay.launcher import app_name
 from relay.ledger import schema as s
 from relay.ledger.models import Color, Instance
 from relay.ledger.store import Ledger
@@ -29,6 +28,7 @@ from relay.operations.recover_plan import plan_recovery
 from relay.operations.stop import stop
 from relay.operations.upgrade_steps import ALL_TERMINAL
 from relay.protocol import checkpoint
+from relay.spark.launcher import app_name
 
 Progress = Callable[[str], None]
 RUN_KEYS = "run_keys"  # the callers' runs (Airflow DAG runs) that opened or resumed the recovery
@@ -242,6 +242,6 @@ def _open_new_instance(config: RelayConfig, ledger: Ledger, op: dict) -> dict:
                 conn, inst, config.topic, partition, target, allow_overlap=params["allow_reprocess"]
             )
         # The new cursors are set on what the topic holds now: the marks of the old ones go
-        # (relay.kafka_identity; a re-created topic would otherwise refuse the new instance).
+        # (relay.kafka.identity; a re-created topic would otherwise refuse the new instance).
         conn.execute(delete(s.partition_marks).where(s.partition_marks.c.pipeline == config.pipeline))
         return ledger.move_operation(op["id"], RecoveryState.LEASED.value, conn=conn, instance_id=inst.id)

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 from relay.config import RelayConfig
 from relay.errors import OperationError
-from relay.launcher import driver_running, kill
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps, take_inventory
+from relay.spark.launcher import driver_running, kill
 
 Progress = Callable[[str], None]
 

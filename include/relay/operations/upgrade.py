@@ -16,7 +16,6 @@ import time
 from relay.artifacts import artifact, build_artifact, validate_version
 from relay.config import RelayConfig
 from relay.errors import OperationError
-from relay.launcher import FirstCommitWait, driver_running
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps as steps
 from relay.operations.inventory import take_inventory
@@ -38,6 +37,7 @@ from relay.operations.waits import (
     WaitTimeout,
     wait_in_process,
 )
+from relay.spark.launcher import FirstCommitWait, driver_running
 
 __all__ = ["ALL_TERMINAL", "TERMINAL", "UpgradeState", "open_upgrade", "parse_handoff", "upgrade"]
 

@@ -21,14 +21,14 @@ from relay.artifacts import (
     deploy_problems,
     validate_version,
 )
-from relay.capacity import HOW_TO_MAKE_ROOM, Needs, room_problem
 from relay.config import RelayConfig
 from relay.errors import ConfigError, KafkaError, TopicNotFoundError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory, take_inventory
 from relay.operations.upgrade_state import ALL_TERMINAL, check_gates, parse_handoff, resolved_max_lag
+from relay.spark.capacity import HOW_TO_MAKE_ROOM, Needs, room_problem
 
 KAFKA_TIMEOUT_S = 5.0  # a plan is read by a person waiting: an unreachable broker makes H unknown
 CONTRACT_FIELDS = (
@@ -38,7 +38,7 @@ CONTRACT_FIELDS = (
     "sink_target",
     "key",
     "stateful",
-    "warm_up_s",  # how far back a stateful green starts reading (relay.stateful)
+    "warm_up_s",  # how far back a stateful green starts reading (relay.pipeline.stateful)
     "driver",
     "secret_env",
 )

@@ -21,8 +21,7 @@ import time
 from relay.config import RelayConfig
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError, OperationError
-from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import app_name, kill
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger import schema as s
 from relay.ledger.models import Instance, InstanceState, Lease, Offsets
 from relay.ledger.store import Ledger
@@ -52,6 +51,7 @@ from relay.operations.upgrade_state import (  # noqa: F401 - re-exported: the up
     result,
     seconds,
 )
+from relay.spark.launcher import app_name, kill
 
 
 # ---------------------------------------------------------------------- 1. green, warm standby
@@ -167,7 +167,7 @@ def _handoff(
         blue, planned = ledger.lock_planned(blue.id, conn)
         if blue.state is not InstanceState.ACTIVE:
             raise OperationError(f"blue (instance {blue.id}) is {blue.state.value}, not ACTIVE: no handoff")
-        # Green's row too: a stateful green's source plans shadow batches under it (relay.stateful).
+        # Green's row too: a stateful green's source plans shadow batches under it (relay.pipeline.stateful).
         green, green_planned = ledger.lock_planned(green.id, conn)
         if green.state is not InstanceState.READY:
             raise OperationError(f"green (instance {green.id}) is {green.state.value}, not READY: no handoff")
@@ -204,7 +204,7 @@ def handoff_offset(
     green_planned: Offsets | None = None,
 ) -> int:
     """H of one of blue's open leases: at or above its cursor and blue's planned end there, and at
-    or above green's planned end (a stateful green reads ahead in shadow, ``relay.stateful``: a
+    or above green's planned end (a stateful green reads ahead in shadow, ``relay.pipeline.stateful``: a
     record it read below H would be in a batch it never writes, and blue stops at H).
 
     ``latest`` (Kafka's end, read before blue's row was locked) is raised to all three: blue may have
@@ -300,7 +300,7 @@ def abort(config: RelayConfig, ledger: Ledger, op_id: int, reason: str, progress
     (even before its first one); blue's driver fences green in the sink and skips what it wrote
     before writing the same offsets (issue #29: a deleted lease made the Kafka sink write them
     twice). The new leases' ids are above green's, so blue is also the newer writer generation of a
-    stateful pipeline (``relay.stateful``)."""
+    stateful pipeline (``relay.pipeline.stateful``)."""
     op = ledger.operation(op_id)
     if op["state"] not in ABORTABLE:
         raise OperationError(f"upgrade {op_id} is {op['state']}: blue has stopped, only forward now")

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 from relay.config import RelayConfig
 from relay.errors import OperationError
-from relay.kafka_offsets import KafkaOffsets
-from relay.launcher import FirstCommitWait, driver_running
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
+from relay.spark.launcher import FirstCommitWait, driver_running
 
 FIRST_COMMIT = "first_commit"
 READY = "ready"

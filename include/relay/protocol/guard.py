@@ -41,7 +41,7 @@ class SourceGuard:
 
 
 def shadowed(guard: SourceGuard | None, shadow_read: bool) -> SourceGuard | None:
-    """The guard a stateful pipeline's source reads by (``relay.shadowRead``, ``relay.stateful``): a
+    """The guard a stateful pipeline's source reads by (``relay.shadowRead``, ``relay.pipeline.stateful``): a
     standby plans batches instead of holding and no floor cuts a read (its state needs the records
     before its leases); caps and the stop flag stay, and a read below the instance's cursor stops
     at the cursor (``warm_until``)."""

@@ -12,7 +12,7 @@ A marker is a small JSON record in the marker topic (compacted), keyed by a tran
 
 A task merges its batch range ``[first, end)`` into ``written`` only because it holds EVERY row of
 that source partition in the batch: the driver regroups a batch whose plan is not narrow (a
-shuffle, a join, a union) by source partition before this sink (``relay.pipeline_tasks``). A skip
+shuffle, a join, a union) by source partition before this sink (``relay.pipeline.tasks``). A skip
 is therefore allowed only for offsets inside an interval a committed write provably holds; an
 undrained range below another instance's taken-over interval stays unwritten (issue #29).
 

@@ -69,7 +69,7 @@ class KafkaTransactionalSink:
 
     needs_whole_source_partitions = True
     """A marker says a source range is written: the driver regroups a batch whose plan shuffles so
-    that each source partition's rows are in one task (``relay.pipeline_tasks``)."""
+    that each source partition's rows are in one task (``relay.pipeline.tasks``)."""
 
     def __init__(
         self,

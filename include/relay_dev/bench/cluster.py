@@ -60,7 +60,7 @@ def cursors(config: RelayConfig) -> dict[int, int]:
 
 
 def latest_offsets(config: RelayConfig) -> dict[int, int]:
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
 
     with KafkaOffsets(config.kafka_bootstrap) as kafka:
         return kafka.latest(config.topic)

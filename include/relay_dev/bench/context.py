@@ -70,7 +70,7 @@ def driver_stdout(config: RelayConfig, driver_id: str) -> str:
     path = config.spark_dir / "work" / driver_id / "stdout"
     if path.is_file():
         return path.read_text(errors="replace")
-    from relay.launcher import spark_client
+    from relay.spark.launcher import spark_client
 
     client = spark_client(config)
     try:

@@ -74,8 +74,8 @@ def run_rate_baseline(ctx: Context, seconds: float) -> dict[str, Any]:
 
 
 def section_overhead(ctx: Context) -> dict[str, Any]:
+    from relay.kafka.producer import produce
     from relay.ledger.store import Ledger
-    from relay.producer import produce
 
     cfg, opts = ctx.config, ctx.options
     instance_id = ensure_running(ctx)

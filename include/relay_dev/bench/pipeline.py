@@ -208,7 +208,7 @@ def pipeline_figures(read_s: float | None, upsert_s: float | None, runs: list[di
 
 
 def section_pipeline(ctx: Context) -> dict[str, Any]:
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
     from relay.ledger.engine import create_ledger
 
     from relay_dev.postgres_local import LocalPostgres

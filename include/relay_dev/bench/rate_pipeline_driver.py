@@ -6,7 +6,7 @@ minus Relay: no ledger, no Kafka, no relaykafka source. Spark's built-in ``rate`
 (``rowsPerSecond``, one Spark partition per simulated Kafka partition) is mapped to the Kafka source's
 columns (``key, value, topic, partition, offset, timestamp, timestampType``; ``value`` is the JSON a
 json_upsert record carries, ``{"id", "name", "score"}``), then per micro-batch, in ``foreachBatch``:
-the pipeline package's own ``transform``, and ``mapInArrow`` with ``relay.pipeline_tasks.partition_writer``
+the pipeline package's own ``transform``, and ``mapInArrow`` with ``relay.pipeline.tasks.partition_writer``
 so that every Spark task writes its rows through the package's sink (``PostgresUpsertSink``: fence
 ``FOR SHARE``, newest-wins upsert, commit) and returns one counts row; the driver collects those.
 The ``TaskContext``'s ranges cover every offset the mapping can produce (there are no leases here).
@@ -100,7 +100,7 @@ def warm_up(spark: Any, pipeline: Any, sink: Any, args: argparse.Namespace) -> N
     them: the same mapping, transform and ``mapInArrow`` writer over a few static rows, with no
     range to apply (the sink skips every row: nothing written)."""
     from pyspark.sql import functions as F
-    from relay.pipeline_tasks import RESULT_SCHEMA, partition_writer, sum_results
+    from relay.pipeline.tasks import RESULT_SCHEMA, partition_writer, sum_results
     from relay.sinks.base import TaskContext
 
     n = 3 * args.partitions
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from pyspark.sql import SparkSession
     from relay.pipeline import load_pipeline
-    from relay.pipeline_tasks import RESULT_SCHEMA, partition_writer, sum_results
+    from relay.pipeline.tasks import RESULT_SCHEMA, partition_writer, sum_results
     from relay.sinks.base import TaskContext
 
     pipeline = load_pipeline(f"{args.package}.pipeline", Path(args.pipeline_code))

@@ -13,10 +13,10 @@ from .results import figure
 
 
 def section_recovery(ctx: Context) -> dict[str, Any]:
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
+    from relay.kafka.producer import produce
     from relay.operations.recover import recover
     from relay.operations.stop import stop
-    from relay.producer import produce
 
     cfg, opts = ctx.config, ctx.options
     ensure_running(ctx)

@@ -2,7 +2,7 @@
 same sink, the same deploy mode and the same span (issue #11: at most 1.5x).
 
 Both sides run one after the other on the bench's cluster, in cluster mode, submitted with the same
-resources (``relay.driver_properties``), a 1 s trigger, under the same small steady load (``--quick``:
+resources (``relay.spark.driver_properties``), a 1 s trigger, under the same small steady load (``--quick``:
 shorter), each writing to a fresh database of one throwaway PostgreSQL server through the same
 pipeline package's ``transform`` and ``PostgresUpsertSink`` from ``mapInArrow`` tasks:
 
@@ -238,8 +238,8 @@ def run_relay_side(ctx: Context, ledger_url: str, code: Path, seconds: float) ->
 
 def run_rate_side(ctx: Context, ledger_url: str, code: Path, seconds: float) -> dict[str, Any]:
     """Side B: submit the rate driver with a pipeline driver's properties; parse its log."""
-    from relay.driver_properties import driver_environment, driver_properties
-    from relay.launcher import spark_client
+    from relay.spark.driver_properties import driver_environment, driver_properties
+    from relay.spark.launcher import spark_client
 
     cfg, rate = ctx.config, ctx.options.overhead_rate
     url = sink_database(ledger_url, f"sink_{RATE_NAME}_{uuid.uuid4().hex[:6]}")
@@ -283,7 +283,7 @@ def run_rate_side(ctx: Context, ledger_url: str, code: Path, seconds: float) -> 
 
 
 def section_smallbatch(ctx: Context) -> dict[str, Any]:
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
     from relay.ledger.engine import create_ledger
 
     from relay_dev.postgres_local import LocalPostgres

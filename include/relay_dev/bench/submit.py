@@ -2,12 +2,13 @@
 and through the Spark provider's ``SparkSubmitHook`` (``relay_airflow.provider_submit``).
 
 Both sides submit the same trivial cluster-mode Python driver (it prints a line and exits: no
-SparkContext, no executors) with the same properties from :func:`relay.driver_properties.driver_properties`,
+SparkContext, no executors) with the same properties from
+:func:`relay.spark.driver_properties.driver_properties`,
 ``SUBMITS`` times each, one after the other: each driver must end (FINISHED) before the next
 submission, so one driver's JVM does not slow the next submission down. Timed: from the call to the
 returned driver id, the client's CPU time for it, and for spark-submit its JVM's peak RSS.
 
-- REST: :class:`relay.spark_rest.SparkStandaloneClient` (as :func:`relay.launcher.launch` builds it,
+- REST: :class:`relay.spark.rest.SparkStandaloneClient` (as :func:`relay.spark.launcher.launch` builds it,
   a fresh client per submission, signed ``POST /v1/submissions/create``), in this process.
 - Provider: :func:`relay_airflow.provider_submit.submit_python_driver`, in a subprocess with the
   stack's Airflow environment (the ``relay_spark_submit`` connection), so that this package never
@@ -57,7 +58,7 @@ def trivial_driver(work_dir: Path) -> Path:
 
 def submission(config: RelayConfig, app_file: Path, label: str) -> tuple[dict[str, str], dict[str, str]]:
     """(sparkProperties, environment) of the trivial driver: unsupervised, nothing secret."""
-    from relay.driver_properties import driver_environment, driver_properties
+    from relay.spark.driver_properties import driver_environment, driver_properties
 
     return driver_properties(config, f"{APP_NAME}-{label}", supervise=False, py_files=[]), driver_environment(
         config
@@ -68,8 +69,8 @@ def end_driver(
     config: RelayConfig, driver_id: str, timeout_s: float = DRIVER_END_TIMEOUT_S
 ) -> dict[str, Any]:
     """Wait for the driver to end; kill it by its id when it has not (never left running)."""
-    from relay.launcher import spark_client
-    from relay.spark_rest import DriverState
+    from relay.spark.launcher import spark_client
+    from relay.spark.rest import DriverState
 
     client = spark_client(config)
     t0 = time.monotonic()
@@ -91,7 +92,7 @@ def end_driver(
 
 def rest_submits(config: RelayConfig, app_file: Path, n: int, known: list[str]) -> list[dict[str, Any]]:
     """``n`` submissions through Relay's REST client, timed in this process (this thread's CPU)."""
-    from relay.launcher import spark_client
+    from relay.spark.launcher import spark_client
 
     out = []
     for i in range(n):
@@ -139,7 +140,7 @@ def provider_child(spec_path: Path) -> None:
 def rest_port_probe(config: RelayConfig, app_file: Path) -> dict[str, Any]:
     """spark-submit (through the hook) to the REST submission server, which requires signed tokens."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-    from relay.spark_rest import PYTHON_RUNNER
+    from relay.spark.rest import PYTHON_RUNNER
     from relay_airflow.provider_submit import carrier_jar
 
     host, port = config.spark_rest_url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
@@ -229,7 +230,7 @@ def provider_submits(ctx: Context, app_file: Path, n: int, known: list[str]) -> 
 def leftover_drivers(config: RelayConfig, before: set[str], known: list[str]) -> list[str]:
     """Kill by id every driver of this section that has not ended: the ids it learnt, and any driver
     the master lists as active that was not there before the section."""
-    from relay.launcher import spark_client
+    from relay.spark.launcher import spark_client
 
     client = spark_client(config)
     active = {d.id for d in client.master_state().active_drivers}
@@ -247,14 +248,14 @@ def _headline(evidence: list[str]) -> str:
 
 
 def section_submit(ctx: Context) -> dict[str, Any]:
-    from relay.launcher import spark_client
+    from relay.spark.launcher import spark_client
 
     cfg = ctx.config
     app_file = trivial_driver(ctx.work_dir)
     before = {d.id for d in spark_client(cfg).master_state().active_drivers}
     known: list[str] = []
     try:
-        ctx.progress(f"submit: {SUBMITS} trivial drivers through Relay's REST client (relay.spark_rest)")
+        ctx.progress(f"submit: {SUBMITS} trivial drivers through Relay's REST client (relay.spark.rest)")
         rest = rest_submits(cfg, app_file, SUBMITS, known)
         for r in rest:
             ms, state, later = f"{r['ms']:.1f}", r["state"], r["ended_after_s"]

@@ -83,7 +83,7 @@ def plain_consumer(bootstrap: str, topic: str, check_crcs: bool = True) -> dict[
 
 
 def section_throughput(ctx: Context) -> dict[str, Any]:
-    from relay.producer import produce
+    from relay.kafka.producer import produce
 
     cfg, opts = ctx.config, ctx.options
     ctx.progress(f"throughput: producing {opts.messages:,} messages over {cfg.partitions} partitions")

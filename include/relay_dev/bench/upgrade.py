@@ -51,7 +51,7 @@ class RateProducer:
 
     def _run(self) -> None:
         from kafka import KafkaProducer
-        from relay.producer import highest_counter
+        from relay.kafka.producer import highest_counter
 
         try:
             previous = highest_counter(self.config.kafka_bootstrap, self.config.topic)
@@ -228,7 +228,7 @@ def _phase_pauses(
     label: str, result: dict[str, Any], samples: list[Sample], steady: dict[str, Any], lat: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The operation's two phases apart. Green's start-up (submission to the handoff): a second
-    driver and executor on the same cores slow blue's batches (``relay.standby_priority``); its p50
+    driver and executor on the same cores slow blue's batches (``relay.spark.standby_priority``); its p50
     against steady state's says how much. The handoff (to green's catching up): the records the
     handoff itself held."""
     t0, h0, h1 = result.get("started_at"), result.get("handoff_at"), result.get("caught_up_at")

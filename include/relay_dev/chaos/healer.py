@@ -19,7 +19,7 @@ from typing import Any
 
 from relay.config import RelayConfig
 from relay.errors import RelayError
-from relay.spark_rest import DriverState
+from relay.spark.rest import DriverState
 
 from relay_dev.chaos import procs
 from relay_dev.chaos.observe import CommitWatcher
@@ -94,7 +94,7 @@ class PipelineHealer:
         worker = self.worker_pid()
         if worker and procs.driver_jvms(worker):
             return True
-        from relay.launcher import spark_client
+        from relay.spark.launcher import spark_client
 
         client = spark_client(self.config)  # signs REST requests when the master requires it
         try:

@@ -182,7 +182,7 @@ class ChaosProducer:
         self.first_error = self.first_error or f"{type(exc).__name__}: {exc}"[:300]
 
     def _run(self) -> None:
-        from relay.kafka_offsets import KafkaOffsets
+        from relay.kafka.offsets import KafkaOffsets
 
         with KafkaOffsets(self.config.kafka_bootstrap) as kafka:
             kafka.ensure_topic(self.config.topic, self.config.partitions)

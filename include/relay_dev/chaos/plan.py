@@ -14,7 +14,7 @@ from typing import Any
 
 from relay.errors import ConfigError
 from relay.pipeline import load_package
-from relay.sink_declares import sink_declares
+from relay.pipeline.sink_declares import sink_declares
 
 from relay_dev.chaos.workloads import workload_of
 

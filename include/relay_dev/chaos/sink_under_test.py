@@ -14,7 +14,7 @@ from collections.abc import Callable
 from relay.config import RelayConfig
 from relay.errors import ConfigError
 from relay.pipeline import load_package
-from relay.sink_declares import sink_declares
+from relay.pipeline.sink_declares import sink_declares
 
 from relay_dev.chaos.workloads import OutsideCount, count_kafka, count_upsert
 from relay_dev.postgres_local import database_with

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.producer import POISON_KEY
+from relay.kafka.producer import POISON_KEY
 
 from relay_dev import witness
 

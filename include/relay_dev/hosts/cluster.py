@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.config import PROJECT_ROOT
+from relay.config.secret_files import create_private
 from relay.errors import StackError
-from relay.secret_files import create_private
 
 from relay_dev.hosts import netns
 from relay_dev.hosts.layout import HOSTS, PREFIX_LEN, SUBNET, SWITCH, WORKERS, Layout, host_env

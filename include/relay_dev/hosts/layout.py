@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.config import Ports, RelayConfig
-from relay.config_env import config_env
+from relay.config.env import config_env
 
 from relay_dev.hosts import enter
 from relay_dev.hosts.netns import ip_binary

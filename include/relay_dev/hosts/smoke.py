@@ -18,10 +18,10 @@ from typing import Any
 
 import requests
 from relay.config import RelayConfig, load_config
-from relay.driver_properties import driver_environment, driver_properties
 from relay.errors import SparkError
-from relay.launcher import spark_client
-from relay.spark_rest import MasterState, SparkStandaloneClient
+from relay.spark.driver_properties import driver_environment, driver_properties
+from relay.spark.launcher import spark_client
+from relay.spark.rest import MasterState, SparkStandaloneClient
 
 
 def _emit(result: dict[str, Any]) -> None:
@@ -135,7 +135,7 @@ def _executors_everywhere(
 def kafka(cfg: RelayConfig, count: int, timeout_s: float) -> dict[str, Any]:
     """Create a topic, produce ``count`` records and read them back, all from this host."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-    from relay.kafka_offsets import KafkaOffsets
+    from relay.kafka.offsets import KafkaOffsets
 
     topic = f"hosts-smoke-{secrets.token_hex(3)}"
     t0 = time.monotonic()

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.secret_files import write_private
+from relay.config.secret_files import write_private
 
 from relay_dev.supervised_exec import _stat, start_time
 

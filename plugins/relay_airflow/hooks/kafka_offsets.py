@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 from relay.errors import KafkaError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 
 
 class KafkaOffsetsHook(BaseHook):

@@ -7,8 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 from relay.errors import SparkError
-from relay.spark_auth import RestSigner, read_secret_file
-from relay.spark_rest import SparkStandaloneClient
+from relay.spark.auth import RestSigner, read_secret_file
+from relay.spark.rest import SparkStandaloneClient
 
 
 class SparkStandaloneHook(BaseHook):

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from relay.errors import KafkaError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 from sqlalchemy import func, select, union

@@ -6,9 +6,9 @@ from typing import Any
 
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
-from relay.launcher import app_name
 from relay.operations.upgrade_steps import VERIFY_TIMEOUT_S
 from relay.operations.waits import ONLY_APPS, OnlyAppsWait
+from relay.spark.launcher import app_name
 
 from relay_airflow.assets import emit_pipeline_event
 from relay_airflow.operators.ledger_wait import WaitFor

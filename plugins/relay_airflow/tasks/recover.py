@@ -13,8 +13,8 @@ from typing import Any
 
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
+from relay.config.inputs import recover_inputs
 from relay.errors import ConfigError, OperationError
-from relay.inputs import recover_inputs
 from relay.operations import recover_steps as steps
 from relay.operations.recover_steps import RecoveryState
 from relay.operations.waits import FIRST_COMMIT

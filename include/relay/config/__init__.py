@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
-from relay.bounds import (
+from relay.config.bounds import (
     MAX_CORES,
     MAX_OFFSETS_PER_TRIGGER,
     MAX_PARTITIONS,
@@ -25,9 +25,9 @@ from relay.bounds import (
 from relay.errors import ConfigError
 
 if TYPE_CHECKING:
-    from relay.pipelines_file import PipelinesFile
+    from relay.pipeline.pipelines_file import PipelinesFile
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 MIN_KEEP_VERSIONS = 2  # the running version and the one a rollback returns to
 ARTIFACT_STORES = ("local", "ledger")
 
@@ -67,7 +67,7 @@ BATCH_LIMIT_VARIABLES = {
 }
 OPERATOR_LIMITS_ENV = "RELAY_OPERATOR_LIMITS"
 """Which BATCH_LIMITS the operator set, comma-separated: in a driver's environment (the values travel
-on its command line) and in ``relay.config_env``'s (its RELAY_* values include Relay's defaults)."""
+on its command line) and in ``relay.config.env``'s (its RELAY_* values include Relay's defaults)."""
 
 
 def named_limits(raw: str) -> tuple[str, ...]:
@@ -105,7 +105,7 @@ class RelayConfig:
     ports: Ports = field(default_factory=Ports)
     worker_cores: int = 6
     """Scheduling slots of the embedded worker (not CPUs): two pipelines (a driver and an executor
-    each) and one upgrade's green fit in the defaults (see relay.capacity)."""
+    each) and one upgrade's green fit in the defaults (see relay.spark.capacity)."""
     worker_memory: str = "3g"
     trigger_seconds: float = 1.0
     max_offsets_per_trigger: int = 20000
@@ -140,7 +140,7 @@ class RelayConfig:
     artifact_store: str = "local"
     """Where cluster-mode drivers get their version's code: ``local`` reads the submitter's
     ``artifacts/`` folder (one host); ``ledger`` stores it in the ledger and submits drivers that may
-    run on any worker (see relay.artifact_store)."""
+    run on any worker (see relay.artifacts.store)."""
     checkpoint_root: Path | None = None
     """Root of every pipeline's checkpoints (a filesystem every host mounts, on a cluster);
     None: ``<data_dir>/checkpoints``."""
@@ -152,7 +152,7 @@ class RelayConfig:
     (``RELAY_MAX_OFFSETS_PER_TRIGGER`` / ``RELAY_TRIGGER_SECONDS``)."""
     limits_from_file: tuple[str, ...] = ()
     """Which of them this pipeline's table of the pipelines file set. Both are the operator's: they
-    beat what the pipeline package declares (``relay.launcher.operator_limits``); a value set
+    beat what the pipeline package declares (``relay.spark.launcher.operator_limits``); a value set
     neither way (the default, ``with_``) is Relay's, and the package's own value beats it."""
 
     def __post_init__(self) -> None:
@@ -244,7 +244,7 @@ def pipeline_names(env: Mapping[str, str] | None = None) -> tuple[list[str], str
 
 def _declared(env: Mapping[str, str]) -> tuple[RelayConfig, PipelinesFile | None]:
     """The environment's configuration and the pipelines file found from it (None: no file)."""
-    from relay.pipelines_file import load_pipelines_file
+    from relay.pipeline.pipelines_file import load_pipelines_file
 
     base = _from_env(env)
     return base, load_pipelines_file(env, base.data_dir)
@@ -264,7 +264,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
     )
     host = env.get("RELAY_HOST", "127.0.0.1")
     # A batch setting's variable is the operator's (it beats a pipeline package's value), unless
-    # RELAY_OPERATOR_LIMITS names which are: relay.config_env hands on every value, Relay's defaults
+    # RELAY_OPERATOR_LIMITS names which are: relay.config.env hands on every value, Relay's defaults
     # included, and names the ones its configuration's operator set.
     operator_set = named_limits(env.get(OPERATOR_LIMITS_ENV, ",".join(BATCH_LIMITS)))
     trigger = env.get("RELAY_TRIGGER_SECONDS", "1")

@@ -14,16 +14,16 @@ import time
 from dataclasses import dataclass
 
 from relay.artifacts import artifact, build_artifact, check_deployable, require_env_interface
-from relay.capacity import HOW_TO_MAKE_ROOM, Needs, start_shortfall
 from relay.config import BATCH_LIMITS, OPERATOR_LIMITS_ENV, PROJECT_ROOT, RelayConfig
-from relay.driver_logs import LaunchCounter, error_tail, explain_failure
-from relay.driver_properties import driver_environment, driver_properties
 from relay.errors import OperationError, SparkError
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.spark_auth import signer_for
-from relay.spark_rest import DriverState, SparkStandaloneClient
+from relay.spark.auth import signer_for
+from relay.spark.capacity import HOW_TO_MAKE_ROOM, Needs, start_shortfall
+from relay.spark.driver_logs import LaunchCounter, error_tail, explain_failure
+from relay.spark.driver_properties import driver_environment, driver_properties
+from relay.spark.rest import DriverState, SparkStandaloneClient
 
 LOCAL_PREFIX = "local-"
 LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # the ledger URL (it may hold a password): never in argv
@@ -141,7 +141,7 @@ def launch(
         log.close()
         submission = f"{LOCAL_PREFIX}{proc.pid}"
     elif config.drivers_anywhere:  # the driver may land on any worker: its code from the ledger
-        from relay.artifact_store import submit_from_store
+        from relay.artifacts.store import submit_from_store
 
         args = driver_args(config, instance, True, extra_args)
         client = spark_client(config)

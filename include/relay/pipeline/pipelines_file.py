@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.config import BATCH_LIMITS
+from relay.config.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.errors import ConfigError
 
 PIPELINES_FILE_ENV = "RELAY_PIPELINES_FILE"

@@ -21,7 +21,7 @@ import time
 from sqlalchemy import delete, select
 
 from relay.errors import RelayError
-from relay.kafka_offsets import KafkaOffsets, RecordMark
+from relay.kafka.offsets import KafkaOffsets, RecordMark
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from relay.config.inputs import parse_counter_bytes
 from relay.errors import ConfigError, KafkaError
-from relay.inputs import parse_counter_bytes
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 
 POISON_KEY = b"-1"
 COUNTER_HEADER = "relay-counter"  # marks the records this producer wrote (value: b"1")

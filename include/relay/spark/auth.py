@@ -20,8 +20,8 @@ from pathlib import Path
 import jwt
 
 from relay.config import RelayConfig
+from relay.config.secret_files import create_private
 from relay.errors import ConfigError
-from relay.secret_files import create_private
 
 KEY_BYTES = 32
 TOKEN_TTL_S = 60.0

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from relay.bounds import MAX_RECORDS, MAX_SECONDS
+from relay.config.bounds import MAX_RECORDS, MAX_SECONDS
 from relay.errors import ConfigError
 
 END = r"$(?!\n)"

@@ -24,11 +24,11 @@ from sqlalchemy.engine import Connection
 
 from relay.artifacts import Artifact, zip_code_hash
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.driver_properties import DRIVER_JIT_OPTS, driver_properties, scratch_properties
 from relay.errors import ConfigError
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
-from relay.spark_rest import SparkStandaloneClient
+from relay.spark.driver_properties import DRIVER_JIT_OPTS, driver_properties, scratch_properties
+from relay.spark.rest import SparkStandaloneClient
 
 BOOTSTRAP = PROJECT_ROOT / "spark_jobs" / "artifact_bootstrap.py"
 BOOTSTRAP_FOLDER = "relay-artifact"  # artifact_bootstrap.FOLDER, under the driver's working folder

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relay.bounds import MAX_LAG, MAX_RATE
 from relay.config import RelayConfig, load_config
-from relay.errors import RelayError
-from relay.inputs import (  # noqa: F401 - parse_* re-exported: callers imported them from here
+from relay.config.bounds import MAX_LAG, MAX_RATE
+from relay.config.inputs import (  # noqa: F401 - parse_* re-exported: callers imported them from here
     OneLineErrorParser,
     float_above,
     handoff_arg,
@@ -22,6 +21,7 @@ from relay.inputs import (  # noqa: F401 - parse_* re-exported: callers imported
     recover_inputs,
     version_arg,
 )
+from relay.errors import RelayError
 
 
 def _say(msg: str) -> None:
@@ -40,7 +40,7 @@ def cmd_ledger(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 def cmd_produce(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay.producer import produce
+    from relay.kafka.producer import produce
 
     return produce(
         cfg.kafka_bootstrap,
@@ -66,13 +66,13 @@ def cmd_stop(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 
 def cmd_status(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay.status import status_view
+    from relay.operations.status import status_view
 
     return status_view(cfg)
 
 
 def cmd_offsets(cfg: RelayConfig, a: argparse.Namespace) -> Any:
-    from relay.status import offsets_view
+    from relay.operations.status import offsets_view
 
     return offsets_view(cfg)
 
@@ -104,14 +104,7 @@ def cmd_build(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.ledger.store import Ledger
     from relay.operations.rollback import prune_versions
 
-    art = build_artifact(
-        cfg,
-        a.version,
-        fail_at_start=a.fail_at_start,
-        force=a.force,
-        pipeline_code=a.pipeline_code,
-        batch_delay_s=a.batch_delay,
-    )
+    art = build_artifact(cfg, a.version, force=a.force, pipeline_code=a.pipeline_code)
     pruned = prune_versions(cfg, Ledger(cfg.ledger_url))
     if pruned.get("skipped"):
         _say(f"versions not pruned: {pruned['skipped']}")
@@ -180,7 +173,7 @@ def cmd_recover(cfg: RelayConfig, a: argparse.Namespace) -> Any:
 
 def cmd_pipelines(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """The declared pipelines (the pipelines file, else the environment's one) and their state."""
-    from relay.status import pipelines_view
+    from relay.operations.status import pipelines_view
 
     return pipelines_view()
 
@@ -311,13 +304,6 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="freeze the current code as a job version (artifact)")
     b.add_argument("--version", type=version_arg, required=True)
     b.add_argument("--force", action="store_true", help="rebuild an existing version")
-    b.add_argument("--fail-at-start", action="store_true", help="a deliberately broken version (tests)")
-    b.add_argument(
-        "--batch-delay",
-        type=float_above(0),
-        default=0.0,
-        help="a deliberately slow version: seconds each batch waits (tests of the cutover gate)",
-    )
     b.add_argument(
         "--pipeline-code",
         type=Path,
@@ -389,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        from relay.cli_render import render
+        from relay.cli.render import render
 
         render(args.command, result)
     return exit_code(args, result)

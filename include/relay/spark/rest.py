@@ -4,7 +4,7 @@ The master's ``/json/`` is Relay's outside view of what runs (applications by na
 submission server (``/v1/submissions/*``) is how cluster-mode Python drivers are started, polled and
 killed. ``spark-submit --deploy-mode cluster app.py`` is refused on standalone, so Python drivers are
 submitted as ``org.apache.spark.deploy.PythonRunner`` with the script as first argument. REST
-submissions ignore ``spark-defaults.conf``: :func:`relay.driver_properties.driver_properties` builds
+submissions ignore ``spark-defaults.conf``: :func:`relay.spark.driver_properties.driver_properties` builds
 every setting.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import requests
 
-from relay.driver_logs import DriverLogUnavailable, LaunchCounter, WorkerLogs
 from relay.errors import SparkError
-from relay.spark_auth import RestSigner, refusal
+from relay.spark.auth import RestSigner, refusal
+from relay.spark.driver_logs import DriverLogUnavailable, LaunchCounter, WorkerLogs
 
 PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
 
@@ -316,7 +316,7 @@ class SparkStandaloneClient:
         )
         return bool(reply.get("success"))
 
-    # -- driver logs, read from the worker that runs the driver (see relay.driver_logs) ----------
+    # -- driver logs, read from the worker that runs the driver (see relay.spark.driver_logs) ----------
 
     def worker_logs(self, driver_id: str, state: MasterState | None = None) -> WorkerLogs:
         """The log reader of the worker that runs (or ran) ``driver_id``, found through the master."""

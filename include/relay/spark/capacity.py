@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relay.config import RelayConfig
-from relay.spark_rest import DriverState, MasterState, SparkWorker
+from relay.spark.rest import DriverState, MasterState, SparkWorker
 
 MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 

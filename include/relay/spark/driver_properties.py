@@ -1,6 +1,6 @@
 """What a cluster-mode Python driver is submitted with: its sparkProperties and its environment.
 
-Kept apart from the REST client in ``relay.spark_rest``: REST submissions ignore
+Kept apart from the REST client in ``relay.spark.rest``: REST submissions ignore
 ``spark-defaults.conf``, so every setting a driver needs (master, resources, scratch folders,
 PYTHONPATH, loopback binding) is built here, once, for every caller that submits a driver.
 """
@@ -51,7 +51,7 @@ def driver_properties(
         "spark.sql.shuffle.partitions": "2",
         "spark.driverEnv.SPARK_LOCAL_IP": config.host,
         "spark.driverEnv.PYTHONPATH": pythonpath,
-        "spark.driverEnv.RELAY_STANDBY_NICE": str(config.standby_nice),  # relay.standby_priority
+        "spark.driverEnv.RELAY_STANDBY_NICE": str(config.standby_nice),  # relay.spark.standby_priority
         "spark.executorEnv.SPARK_LOCAL_IP": config.host,
         "spark.executorEnv.PYTHONPATH": pythonpath,
     }

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from relay.config import RelayConfig, load_config, pipeline_names
 from relay.errors import LedgerNotFoundError
-from relay.kafka_offsets import KafkaOffsets
+from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.sinks.ledger_messages_tables import message_count
 

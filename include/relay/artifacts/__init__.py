@@ -13,7 +13,7 @@ Every artifact also records ``code_hash`` (sha256 of what it froze, its own name
 versions of the same code hash the same, so a plan can say whether an upgrade changes any code) and
 ``stateful``: what the pipeline declares (``Pipeline(stateful=True)``: its transform runs on the
 stream and its checkpoint holds operator state, which an upgrade rebuilds by warm-up replay, see
-``relay.stateful``); False for every stateless pipeline (the counter's included), whose checkpoint
+``relay.pipeline.stateful``); False for every stateless pipeline (the counter's included), whose checkpoint
 holds offsets only.
 Which versions are kept is ``relay.operations.rollback``'s.
 """
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.config.inputs import validate_version  # noqa: F401 - the one rule, also used by the DAG params
 from relay.errors import ConfigError
-from relay.inputs import validate_version  # noqa: F401 - the one rule, also used by the DAG params
-from relay.sink_declares import sink_declares
+from relay.pipeline.sink_declares import sink_declares
 
 VERSION_MODULE = "relay_job_version.py"
 # Imported first by a version built with ``import_error=True``; no artifact ever ships this module.

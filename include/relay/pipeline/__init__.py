@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.config import BATCH_LIMITS, OPERATOR_LIMITS_ENV, named_limits
+from relay.config.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.errors import ConfigError, RelayError
 from relay.sinks.base import SOURCE_COLUMNS, ExecutorSink, TaskResult
 
@@ -143,7 +143,7 @@ class Pipeline:
     stateful: bool = False
     """True: ``transform`` is applied to the STREAM (aggregations with a watermark, windowed counts),
     its state lives in the checkpoint, and Spark hands the sink the rows each batch updated (output
-    mode ``update``). See ``relay.stateful``: the sink must be a keyed ``PostgresUpsertSink``, and an
+    mode ``update``). See ``relay.pipeline.stateful``: the sink must be a keyed ``PostgresUpsertSink``, and an
     upgrade's green rebuilds its state by reading ``warm_up_s`` of the topic before it writes."""
     warm_up_s: float | None = None
     """Stateful only: how far back (by the records' Kafka timestamps) a new version starts reading
@@ -270,7 +270,7 @@ def lost_connection(exc: BaseException) -> bool:
 def check_transform(pipeline: Pipeline, source_df: Any) -> Any:
     """Apply the transform to ``source_df`` (an empty DataFrame with the source's schema) on the
     driver, so a broken transform or a dropped column fails at start, not in a task hours later.
-    A stateful transform's output is aggregated: it keeps no source columns (``relay.stateful``)."""
+    A stateful transform's output is aggregated: it keeps no source columns (``relay.pipeline.stateful``)."""
     try:
         out = pipeline.transform(source_df)
         columns = getattr(out, "columns", None)

@@ -23,7 +23,7 @@ import os
 import resource
 from collections.abc import Iterable
 
-log = logging.getLogger("relay.standby_priority")
+log = logging.getLogger("relay.spark.standby_priority")
 
 NICE_ENV = "RELAY_STANDBY_NICE"
 DEFAULT_NICE = 10
