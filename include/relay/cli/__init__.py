@@ -392,7 +392,3 @@ def exit_code(args: argparse.Namespace, result: Any) -> int:
     if args.command in ("upgrade", "rollback") and result.get("state") != "DONE":
         return OPERATION_NOT_DONE  # ABORTED (blue kept running) or FAILED: never a silent 0
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

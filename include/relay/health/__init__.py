@@ -10,9 +10,9 @@ Progress follows Burrow's consumer-lag evaluation rules (OK, WARN, STALL, STOP, 
 window of the cursor history (the ``batches`` table) and the lag history (previous health reports).
 
 Modules: ``report`` (levels, Check, HealthReport, Thresholds), ``checks_instance`` (single instance,
-driver), ``checks_progress`` (Burrow's rules, rates), ``checks_kafka`` (lag, retention),
-``checks_batches`` (latency, dead letters), ``run`` (``run_health``). Everything callers used from the
-former single module is re-exported here.
+stopped on purpose, driver), ``checks_progress`` (Burrow's rules, rates), ``checks_kafka`` (lag,
+retention, topic identity), ``checks_batches`` (latency, dead letters), ``checks_airflow``,
+``views`` (both views gathered once), ``run`` (``run_health``: the checks in order, the report).
 """
 
 from relay.health.checks_batches import check_dead_letters, check_latency
