@@ -122,6 +122,7 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     assert len(ledger.attempts(failed.id)) == 1  # not relaunched
 
 
+@pytest.mark.slow  # make test-long: fencing is proven by test_binding, test_attempt_binding, the model
 def test_second_attempt_fences_the_first_and_stop_is_clean_in_local_mode(
     pipeline_config: RelayConfig,
 ) -> None:
