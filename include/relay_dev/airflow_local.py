@@ -333,7 +333,7 @@ class LocalAirflow:
             info = infos.get(program_name(name))
             if info is None:
                 continue
-            pid = self.supervisor.part_pid(program_name(name))
+            pid = self.supervisor.part_pid(program_name(name), info)
             restarts = self.supervisor.restarts(program_name(name))
             parts.append(ComponentStatus(name, pid, pid is not None, rss_mb(pid), info.state, restarts))
         healthy, detail = self.api_healthy()

@@ -336,7 +336,7 @@ class LocalStack:
         parts = []
         for part in self.parts(with_postgres):
             info = infos.get(part.value)
-            pid = self.supervisor.part_pid(part.value) if info else None
+            pid = self.supervisor.part_pid(part.value, info) if info else None
             healthy, detail = self.probe(part)
             row = PartStatus(part.value, self._address(part), pid, healthy, detail, rss_mb(pid))
             row.state = info.state if info else "NOT STARTED"

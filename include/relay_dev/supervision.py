@@ -258,13 +258,11 @@ stdout_logfile_maxbytes=0
 
     def clear_history(self, name: str) -> None:
         """Forget the wrapper's start history (keep the recorded group: it must still be cleared)."""
-        path = self.group_file(name)
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+        record = self._record(name)
+        if record is None:
             return
         record["starts"] = []
-        write_private(path, json.dumps(record))
+        write_private(self.group_file(name), json.dumps(record))
 
     def _remove(self, name: str) -> None:
         rpc = self._rpc()
@@ -309,24 +307,33 @@ stdout_logfile_maxbytes=0
 
     # -- groups and restart counts ---------------------------------------------------------------
 
+    def _record(self, name: str) -> dict[str, Any] | None:
+        """What the wrapper recorded for ``name``'s latest run (pid, pgid, start, starts), or None."""
+        try:
+            record = json.loads(self.group_file(name).read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
     def recorded_group(self, name: str) -> tuple[int, int | None] | None:
         """(pgid, leader start time) the wrapper recorded for ``name``'s latest run."""
+        record = self._record(name) or {}
         try:
-            record = json.loads(self.group_file(name).read_text())
             return int(record["pgid"]), record.get("start")
-        except (OSError, ValueError, KeyError):
+        except (KeyError, TypeError, ValueError):
             return None
 
-    def part_pid(self, name: str) -> int | None:
+    def part_pid(self, name: str, info: ProgramInfo | None = None) -> int | None:
         """The PID of ``name``'s part, None when down: supervisord's, or, when the wrapper it runs
-        adopted a part that outlived the previous supervisord, the adopted part's."""
-        info = self.info(name)
+        adopted a part that outlived the previous supervisord, the adopted part's. ``info``: what
+        supervisord reported for it, when the caller has it already (else it is asked)."""
+        info = info if info is not None else self.info(name)
         if info is None or not info.pid or not _alive(info.pid):
             return None
+        record = self._record(name) or {}
         try:
-            record = json.loads(self.group_file(name).read_text())
             recorded = int(record["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             return info.pid
         if recorded != info.pid and supervised_exec.running(recorded, record.get("start")):
             return recorded
