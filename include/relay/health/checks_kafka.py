@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from relay.health.checks_progress import consume_rates
 from relay.health.report import DEPLOY, Check, Level, fmt_s
+from relay.kafka.identity import RECOVER
 
 #: How ``lag_seconds`` was obtained, as the report names it (None: no honest figure).
 LAG_AGE = "record_timestamp"  # now - timestamp of the oldest unapplied record (read at the cursor)
@@ -186,7 +187,6 @@ def check_identity(problems: list[str], topic: str) -> Check:
             Level.CRITICAL,
             f"topic {topic!r} is not the one the pipeline read: " + "; ".join(problems),
             {"problems": problems},
-            "if the topic was re-created on purpose, plan `relay recover` from the new topic's first offsets "
-            "(--strategy offsets, --allow-reprocess; dry-run first)",
+            RECOVER,
         )
     return Check("topic_identity", Level.OK, "the applied records are where the pipeline read them", {})

@@ -28,7 +28,12 @@ from relay.ledger.store import Ledger
 MARK_EVERY_S = 30.0
 READ_WAIT_S = 5.0
 log = logging.getLogger("relay.identity")
-RECOVER = "if the topic was re-created on purpose, plan `relay recover` (strategy earliest; dry-run first)"
+RECOVER = (
+    "if the topic was re-created on purpose, plan `relay recover` from the new topic's first offsets "
+    "(--strategy offsets, --allow-reprocess; dry-run first)"
+)
+"""The way out, said by the driver's refusal and by health alike (strategy earliest would resume
+at the old cursors: the very records this check exists to keep from being skipped)."""
 
 
 class TopicChangedError(RelayError):
