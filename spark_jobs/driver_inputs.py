@@ -30,7 +30,7 @@ def arg_parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--instance-id", required=True, type=int)
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)
-    p.add_argument("--max-offsets-per-trigger", type=int, default=20000)
+    p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="default: adaptive batches")
     p.add_argument("--trigger-seconds", type=float, default=1.0)
     p.add_argument("--local", action="store_true", help="run with a local[2] master (no cluster)")
     p.add_argument("--spark-dir", help="scratch folder for local mode")
@@ -39,7 +39,8 @@ def arg_parser(description: str | None) -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> argparse.Namespace:
-    if args.max_offsets_per_trigger < 1 or args.trigger_seconds < 0:
+    limit = args.max_offsets_per_trigger
+    if (limit is not None and limit < 1) or args.trigger_seconds < 0:
         raise ConfigError("--max-offsets-per-trigger must be >= 1 and --trigger-seconds >= 0")
     return args
 

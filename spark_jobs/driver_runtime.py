@@ -131,8 +131,8 @@ class DriverRuntime:
         scratch = Path(self.args.spark_dir or "var/spark") if self.args.local else Path.cwd()
         rehearse(spark, options, self.args.topic, self.warm_batch, scratch, self.fatal_errors)
 
-    def read_limits(self) -> tuple[int, float]:
-        """(maxOffsetsPerTrigger, trigger seconds) of the query."""
+    def read_limits(self) -> tuple[int | None, float]:
+        """(maxOffsetsPerTrigger or None for adaptive batches, trigger seconds) of the query."""
         return self.args.max_offsets_per_trigger, self.args.trigger_seconds
 
     # ------------------------------------------------------------------ the lifecycle
@@ -263,15 +263,18 @@ class DriverRuntime:
 
     def source_options(self) -> dict[str, str]:
         """Relay's Kafka source inside the instance's leases (caps and read limits in the source)."""
-        return {
+        options = {
             "kafka.bootstrap.servers": self.args.bootstrap,
             "subscribe": self.args.topic,
             "startingOffsets": self._starting_offsets(),
-            "maxOffsetsPerTrigger": str(self.read_limits()[0]),
             "failOnDataLoss": "true",
             "relay.ledgerUrlEnv": LEDGER_URL_ENV,  # the name of the variable, not the URL
             "relay.instanceId": str(self.instance.id),
         }
+        fixed = self.read_limits()[0]
+        if fixed is not None:  # else adaptive batches (spark_jobs/batch_sizing.py)
+            options["maxOffsetsPerTrigger"] = str(fixed)
+        return options
 
     def source_stream(self, spark: Any) -> Any:
         import kafka_source

@@ -16,13 +16,43 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kafka_consumer_pool import drop_consumer, pooled_consumer
+from kafka_offsets_plan import ReadRange
 from kafka_source_options import SourceSettings
+from pyspark.sql.datasource import InputPartition
 from relay.errors import DataLossError, KafkaError
 
 log = logging.getLogger(__name__)
 
 _ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch: bounded memory, few JVM round trips
 _POLL_MAX_RECORDS = 10_000  # records per poll at most (the pooled consumer's max_poll_records)
+
+
+class KafkaInputPartition(InputPartition):
+    """One Spark task: the half-open offset range [start, end) of one Kafka partition (small, picklable)."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KafkaInputPartition) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+class KafkaInputGroup(InputPartition):
+    """One Spark task reading several ranges one after another (see :func:`group_ranges`)."""
+
+    def __init__(self, ranges: tuple[ReadRange, ...]) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KafkaInputGroup) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
 
 
 def read_partition(

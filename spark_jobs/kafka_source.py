@@ -26,10 +26,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import batch_sizing
 import kafka_consumer_pool
 import kafka_offsets_plan
 import kafka_partition_read
 import kafka_source_options
+from batch_sizing import BatchSizer
 from kafka_offsets_plan import (
     EARLIEST,
     LATEST,
@@ -44,8 +46,8 @@ from kafka_offsets_plan import (
     plan_batch_end,
     to_offset_json,
 )
-from kafka_partition_read import read_partition
-from kafka_source_options import SourceSettings, ledger_url_from_env, spark_task_slots
+from kafka_partition_read import KafkaInputGroup, KafkaInputPartition, read_partition
+from kafka_source_options import SourceSettings, ledger_url_from_env, session_limits
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -84,34 +86,6 @@ METADATA_REFRESH_S = 10.0  # how often the planner looks for new partitions (a f
 REPORT_REUSE_S = 1.0  # reportLatestOffset reuses latestOffset's broker ends read this recently
 
 
-class KafkaInputPartition(InputPartition):
-    """One Spark task: the half-open offset range [start, end) of one Kafka partition (small, picklable)."""
-
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        super().__init__((topic, partition, start, end))
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, KafkaInputPartition) and self.value == other.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-
-class KafkaInputGroup(InputPartition):
-    """One Spark task reading several ranges one after another (see :func:`group_ranges`)."""
-
-    def __init__(self, ranges: tuple[ReadRange, ...]) -> None:
-        super().__init__(tuple(ranges))
-        self.ranges = tuple(ranges)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, KafkaInputGroup) and self.value == other.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-
 class KafkaDataSource(DataSource):
     """``spark.readStream.format("relaykafka")``: Kafka through kafka-python, Spark's Kafka schema."""
 
@@ -124,12 +98,12 @@ class KafkaDataSource(DataSource):
         """Spark's Kafka source schema, so sinks written for the JVM connector work unchanged."""
         return KAFKA_SCHEMA
 
-    task_slots: int | None = None
-    """The session's task slots, set by :func:`register` (the default of ``relay.maxTasksPerBatch``)."""
+    task_slots: int | None = None  # the session's, set by register(): relay.maxTasksPerBatch's default
+    batch_cap: int | None = None  # from the executors' memory, set by register(): relay.batchCapRows's
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """Validate options here so a bad option fails when the query starts, not in a task."""
-        return KafkaStreamReader(SourceSettings.from_options(self.options, self.task_slots))
+        return KafkaStreamReader(SourceSettings.from_options(self.options, self.task_slots, self.batch_cap))
 
 
 def _shadowed(guard: Any, shadow_read: bool) -> Any:
@@ -155,6 +129,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._metadata_at = float("-inf")  # monotonic time of the last full metadata refresh
         self._latest_seen: tuple[float, PartitionOffsets] | None = None  # for reportLatestOffset
         self._outage = Outage("the source's planning")  # Kafka or the ledger briefly away
+        fixed = settings.max_offsets_per_trigger is not None
+        self._sizer = None if fixed else BatchSizer(settings.batch_cap_rows or batch_sizing.FIRST_ROWS)
 
     def __getstate__(self) -> dict[str, Any]:
         """The reader is pickled to executors for read(); a live consumer must not travel along."""
@@ -239,10 +215,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return to_offset_json(resolved)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        """maxOffsetsPerTrigger: Spark hands it back to latestOffset on every processing-time and
-        AvailableNow batch. latestOffset enforces it itself as well, because under Trigger.Once
-        Spark passes ReadAllAvailable instead (see :func:`kafka_offsets_plan.batch_row_limit`).
-        """
+        """maxOffsetsPerTrigger, which Spark hands back to latestOffset (which enforces it itself too:
+        under Trigger.Once Spark passes ReadAllAvailable, see ``batch_row_limit``); adaptive batches
+        are bounded in latestOffset alone."""
         if self.settings.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.settings.max_offsets_per_trigger)
         return ReadAllAvailable()
@@ -271,7 +246,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._available_now_end is not None:
             latest = {tp: min(end, self._available_now_end.get(tp, end)) for tp, end in latest.items()}
         begin = from_offset_json(start)
-        max_rows = batch_row_limit(limit, self.settings.max_offsets_per_trigger)
+        sized = self._sizer.limit(time.monotonic()) if self._sizer is not None else None
+        max_rows = batch_row_limit(limit, self.settings.max_offsets_per_trigger or sized)
 
         def plan(guard: Any) -> PartitionOffsets | None:
             guard = _shadowed(guard, self.settings.shadow_read)
@@ -295,6 +271,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return start
             raise
         self._outage.ok()
+        if self._sizer is not None:
+            self._size_seen(begin, until)
         if until is None:
             return start
         # Under failOnDataLoss=false the batch's start stays below earliest in Spark's offsets;
@@ -302,6 +280,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark from planning an empty batch.
         end = to_offset_json(until)
         return start if end == start else end
+
+    def _size_seen(self, begin: PartitionOffsets, until: PartitionOffsets | None) -> None:
+        """Tell the sizer what was planned; log each change of size and why (the driver's log)."""
+        before = self._sizer.rows
+        rows = sum(max(0, end - begin.get(tp, end)) for tp, end in (until or {}).items())
+        self._sizer.planned(time.monotonic(), rows)
+        if self._sizer.rows != before or rows >= before:
+            log.info("batch of %s offsets (limit %s: %s)", f"{rows:,}", f"{before:,}", self._sizer.reason)
 
     def _plan(self, plan: Callable[[Any], PartitionOffsets | None]) -> PartitionOffsets | None:
         """Run ``plan`` under Relay's ledger guard, or alone when no ledger is configured.
@@ -398,8 +384,15 @@ def register(spark: Any) -> None:
     """
     from pyspark import cloudpickle
 
-    helpers = (kafka_offsets_plan, kafka_source_options, kafka_consumer_pool, kafka_partition_read)
+    helpers = (
+        kafka_offsets_plan,
+        kafka_source_options,
+        kafka_consumer_pool,
+        kafka_partition_read,
+        batch_sizing,
+    )
     for module in (*helpers, sys.modules[__name__]):
         cloudpickle.register_pickle_by_value(module)  # its helper modules too: same reason
-    KafkaDataSource.task_slots = spark_task_slots(spark)  # pickled with the class when registered
+    # pickled with the class when registered
+    KafkaDataSource.task_slots, KafkaDataSource.batch_cap = session_limits(spark)
     spark.dataSource.register(KafkaDataSource)

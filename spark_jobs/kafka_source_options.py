@@ -37,6 +37,11 @@ class SourceSettings:
     topics: tuple[str, ...]
     starting_offsets: str = "latest"
     max_offsets_per_trigger: int | None = None
+    """A fixed batch size (Spark's option). None: batches sized adaptively up to ``batch_cap_rows``
+    (:mod:`batch_sizing`)."""
+    batch_cap_rows: int | None = None
+    """The adaptive size's hard cap (``relay.batchCapRows``; default: from the executors' memory,
+    :func:`spark_batch_cap`). None: :data:`batch_sizing.FIRST_ROWS`, fixed."""
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 10_000
     isolation_level: str = "read_uncommitted"
@@ -55,7 +60,9 @@ class SourceSettings:
     (``relay.pipeline.stateful``); the ranges its sink may apply still come from its leases alone."""
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str], default_max_tasks: int | None = None) -> SourceSettings:
+    def from_options(
+        cls, options: Mapping[str, str], default_max_tasks: int | None = None, default_cap: int | None = None
+    ) -> SourceSettings:
         """Validate Spark's option map; keys arrive lower-cased, so every lookup ignores case."""
         opts = {str(k).lower(): str(v) for k, v in options.items()}
 
@@ -113,6 +120,7 @@ class SourceSettings:
             topics=topics,
             starting_offsets=opts.get("startingoffsets", "latest").strip(),
             max_offsets_per_trigger=as_int("maxOffsetsPerTrigger", None, 1),
+            batch_cap_rows=as_int("relay.batchCapRows", default_cap, 1),
             fail_on_data_loss=as_bool("failOnDataLoss", True),
             poll_timeout_ms=as_int("pollTimeoutMs", 10_000, 1) or 10_000,
             isolation_level=isolation,
@@ -161,6 +169,19 @@ def session_task_slots(conf: Mapping[str, str], master: str) -> int | None:
     return max(1, cores // cpus) if cores else None
 
 
+def session_batch_cap(conf: Mapping[str, str], master: str) -> int:
+    """:func:`batch_sizing.memory_cap_rows` of the session's executors (the driver's in local mode:
+    the executor runs inside it); Spark's default memory, 1g, where none is set."""
+    from batch_sizing import memory_cap_rows
+
+    if master.strip().lower().startswith("local"):
+        return memory_cap_rows(conf.get("spark.driver.memory") or "1g")
+    cores = _positive(conf.get("spark.cores.max"))
+    per_executor = _positive(conf.get("spark.executor.cores")) or 1
+    executors = max(1, cores // per_executor) if cores else 1
+    return memory_cap_rows(conf.get("spark.executor.memory") or "1g", executors)
+
+
 def _positive(raw: str | None) -> int | None:
     try:
         value = int(str(raw).strip())
@@ -169,11 +190,13 @@ def _positive(raw: str | None) -> int | None:
     return value if value > 0 else None
 
 
-def spark_task_slots(spark: Any) -> int | None:
-    """The session's task slots (:func:`session_task_slots`), None when they can't be read."""
+def session_limits(spark: Any) -> tuple[int | None, int | None]:
+    """The session's task slots (:func:`session_task_slots`) and batch cap (:func:`session_batch_cap`),
+    None when they can't be read."""
     try:
         conf = dict(spark.sparkContext.getConf().getAll())
-        return session_task_slots(conf, spark.sparkContext.master)
+        master = spark.sparkContext.master
+        return session_task_slots(conf, master), session_batch_cap(conf, master)
     except Exception:  # noqa: BLE001 - a session without a readable conf plans one task per partition
         log.debug("could not read the session's task slots", exc_info=True)
-        return None
+        return None, None

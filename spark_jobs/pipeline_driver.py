@@ -150,9 +150,10 @@ class PipelineDriver(DriverRuntime):
         relay = {"max_offsets_per_trigger": a.max_offsets_per_trigger, "trigger_seconds": a.trigger_seconds}
         return effective_limits(relay, operator_limits(os.environ), self.pipeline)
 
-    def read_limits(self) -> tuple[int, float]:
+    def read_limits(self) -> tuple[int | None, float]:
         limits = self.limits()
-        return int(limits["max_offsets_per_trigger"][0]), float(limits["trigger_seconds"][0])
+        fixed = limits["max_offsets_per_trigger"][0]
+        return (None if fixed is None else int(fixed)), float(limits["trigger_seconds"][0])
 
     def before_query(self, spark: Any) -> None:
         """Load and check the pipeline on the driver, then prepare and fence its sink."""
@@ -188,12 +189,14 @@ class PipelineDriver(DriverRuntime):
             except ConfigError as exc:  # e.g. the target table is missing: a relaunch can't fix it
                 raise PipelineError(f"pipeline {p.name}: its sink refused to start: {exc}") from exc
         limits = self.limits()
+        size, whose = limits["max_offsets_per_trigger"]
         log.info(
-            "pipeline %s ready (sink %s, epoch %s); maxOffsetsPerTrigger %s (%s), trigger %s s (%s)",
+            "pipeline %s ready (sink %s, epoch %s); batches %s (%s), trigger %s s (%s)",
             p.name,
             type(sink).__name__,
             self.attempt.epoch,
-            *limits["max_offsets_per_trigger"],
+            "adaptive" if size is None else f"of at most {int(size):,} offsets",
+            whose,
             *limits["trigger_seconds"],
         )
 

@@ -48,6 +48,5 @@ PIPELINE = Pipeline(
     topics=(TOPIC,),
     transform=transform,
     sink=sink,
-    max_offsets_per_trigger=5000,
     secret_env=(SINK_URL_ENV,),
 )

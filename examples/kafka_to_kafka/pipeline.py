@@ -62,6 +62,5 @@ PIPELINE = Pipeline(
     topics=(TOPIC,),
     transform=transform,
     sink=sink,
-    max_offsets_per_trigger=2000,
     secret_env=(BOOTSTRAP_ENV,),  # how a setting reaches the driver (security settings would too)
 )

@@ -131,7 +131,7 @@ def _scenario(cfg: RelayConfig, sink_url: str, monkeypatch: pytest.MonkeyPatch, 
         f"Python driver peak {before[0] // 1024} -> {after[0] // 1024} MiB; "
         f"driver JVM RSS {before[1] // 1024} -> {after[1] // 1024} MiB"
     )
-    assert big >= 10 * max(small, 1) and big <= 5000
+    assert big >= 10 * max(small, 1)  # adaptive batches (issue #31): the backlog's batches are large
     assert after[0] - before[0] < 64 * 1024, "the Python driver's peak memory grew with the batch size"
     assert table(sink_url) == expected(130)
 

@@ -42,7 +42,7 @@ def config(tmp_path: Path, table: str = "", **env: str) -> RelayConfig:
 
 def launched(
     cfg: RelayConfig, pipeline: Pipeline | None, monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, float]:
+) -> tuple[int | None, float]:
     """What a user pipeline's driver applies when the launcher starts it with ``cfg``."""
     argv = driver_args(cfg, INSTANCE, supervised=True)
     env = submission_environment(cfg, "/code.zip", "tok")
@@ -53,8 +53,10 @@ def launched(
     return driver.read_limits()
 
 
-def values(argv: list[str]) -> tuple[str, str]:
-    return argv[argv.index("--max-offsets-per-trigger") + 1], argv[argv.index("--trigger-seconds") + 1]
+def values(argv: list[str]) -> tuple[str | None, str]:
+    """(fixed size or None when the flag is absent: adaptive batches, trigger seconds)."""
+    fixed = argv[argv.index("--max-offsets-per-trigger") + 1] if "--max-offsets-per-trigger" in argv else None
+    return fixed, argv[argv.index("--trigger-seconds") + 1]
 
 
 # -- where the operator's setting comes from --------------------------------------------------------
@@ -62,7 +64,7 @@ def values(argv: list[str]) -> tuple[str, str]:
 
 def test_nothing_set_means_relays_default_and_no_operator_setting(tmp_path: Path) -> None:
     cfg = load_config({"RELAY_DATA_DIR": str(tmp_path)})
-    assert (cfg.max_offsets_per_trigger, cfg.trigger_seconds) == (20000, 1.0)
+    assert (cfg.max_offsets_per_trigger, cfg.trigger_seconds) == (None, 1.0)  # adaptive batches
     assert operator_limits(cfg) == ()
     assert operator_limits(RelayConfig().with_(max_offsets_per_trigger=5000)) == (), (
         "with_ is not the operator"
@@ -109,9 +111,10 @@ def test_another_pipelines_file_keys_do_not_make_this_one_declared(tmp_path: Pat
 @pytest.mark.parametrize(
     ("table", "env", "argv_values", "declared"),
     [
-        ("", {}, ("20000", "1.0"), ""),
+        ("", {}, (None, "1.0"), ""),
+        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "auto"}, (None, "1.0"), LIMIT),
         ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, ("300", "1.0"), LIMIT),
-        ("", {"RELAY_TRIGGER_SECONDS": "4"}, ("20000", "4.0"), TRIGGER),
+        ("", {"RELAY_TRIGGER_SECONDS": "4"}, (None, "4.0"), TRIGGER),
         ("max_offsets_per_trigger = 500\n", {}, ("500", "1.0"), LIMIT),
         ("max_offsets_per_trigger = 500\n", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, ("500", "1.0"), LIMIT),
         ("max_offsets_per_trigger = 500\ntrigger_seconds = 0\n", {}, ("500", "0.0"), f"{LIMIT},{TRIGGER}"),
@@ -188,7 +191,8 @@ def test_the_driver_reads_the_operators_names_and_ignores_unknown_ones() -> None
 @pytest.mark.parametrize(
     ("table", "env", "pkg", "expected"),
     [
-        ("", {}, package(), (20000, 1.0)),  # Relay's default
+        ("", {}, package(), (None, 1.0)),  # Relay's default: adaptive
+        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "auto"}, package(2000), (None, 1.0)),  # the operator's auto
         ("", {}, package(2000, 0.5), (2000, 0.5)),  # the package's beats the default
         ("max_offsets_per_trigger = 500\n", {}, package(2000, 0.5), (500, 0.5)),  # the file's beats it
         ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, package(2000, 0.5), (300, 0.5)),  # so does the env
@@ -211,10 +215,10 @@ def test_launcher_to_driver(
 def test_before_the_package_is_loaded_the_driver_uses_its_command_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert launched(config(tmp_path, "", RELAY_TRIGGER_SECONDS="3"), None, monkeypatch) == (20000, 3.0)
+    assert launched(config(tmp_path, "", RELAY_TRIGGER_SECONDS="3"), None, monkeypatch) == (None, 3.0)
 
 
 def test_the_upgrade_gate_is_one_batch_as_the_operator_set_it(tmp_path: Path) -> None:
     assert resolved_max_lag(config(tmp_path, "max_offsets_per_trigger = 500\n"), None) == 500
-    assert resolved_max_lag(config(tmp_path), None) == 20000  # Relay's default when nobody set it
+    assert resolved_max_lag(config(tmp_path), None) == 20000  # DEFAULT_GATE_LAG when nobody set a size
     assert resolved_max_lag(config(tmp_path), 7) == 7

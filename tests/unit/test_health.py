@@ -430,3 +430,22 @@ def test_a_spark_client_that_cannot_be_built_is_a_finding_not_a_crash(config, le
     single = report.check("single_instance")
     assert single.level is Level.CRITICAL and "cannot read the Spark REST key file" in single.message
     assert report.status is Level.CRITICAL and report.check("lag").level is Level.OK  # the rest ran
+
+
+def test_long_adaptive_batches_while_catching_up_do_not_page(config, ledger, kafka):
+    """Issue #31: behind, adaptive batches grow to take ~ADAPTIVE_BATCH_S on purpose; the same long
+    batches once caught up, or with a fixed size, still page."""
+    inst = new_instance(ledger)
+    att = ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))
+    for n in range(3):
+        batch(ledger, att, n, {0: 5 * n, 1: 5 * n}, {0: 5 * n + 5, 1: 5 * n + 5}, started_at=time.time() - 3)
+    kafka.latest_offsets = {0: 5_000, 1: 5_000}  # thousands behind: catching up
+    behind = run_health(config, ledger, inventory=running(ledger, inst), persist=False).check("latency")
+    assert behind.level is Level.OK and "catching up" in behind.message
+    assert behind.data["rows"]["median"] == 10 and behind.data["batch_size"] == "adaptive"
+    batches = ledger.recent_batches(P)
+    assert check_latency(batches, 1.0, time.time(), lag=5).level is Level.WARN  # caught up
+    fixed = check_latency(batches, 1.0, time.time(), lag=9_990, fixed_size=10)
+    assert fixed.level is Level.WARN and "fixed at 10" in fixed.message
+    crawling = check_latency(batches, 0.01, time.time(), lag=9_990, critical_factor=0.5)
+    assert crawling.level is Level.CRITICAL  # past the factor of the adaptive target too

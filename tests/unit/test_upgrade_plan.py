@@ -457,7 +457,7 @@ def test_relay_upgrade_plan_changes_nothing_and_exits_4_when_blocked(
     assert result.returncode == 4, result.stderr
     plan = json.loads(result.stdout)
     assert plan["kind"] == "upgrade plan" and plan["blocked"] == ["instance 1 is STARTING, not ACTIVE"]
-    assert plan["gates"]["catchup_s"] == 120.0 and plan["gates"]["max_lag"] == 20000
+    assert plan["gates"]["catchup_s"] == 120.0 and plan["gates"]["max_lag"] == 20000  # DEFAULT_GATE_LAG
     assert ledger_state(tmp_path / "ledger.db") == before
     assert not (tmp_path / "data" / "artifacts").exists()
 

@@ -243,7 +243,8 @@ def _upgrade_options(p: argparse.ArgumentParser) -> None:
         "--max-lag",
         type=int_at_least(0, MAX_LAG),
         default=None,
-        help="records (all partitions) green may lag at the gate (default: RELAY_MAX_OFFSETS_PER_TRIGGER)",
+        help="records (all partitions) green may lag at the gate (default: RELAY_MAX_OFFSETS_PER_TRIGGER, "
+        "else 20,000)",
     )
     p.add_argument(
         "--drain-timeout", type=float_above(0), default=600.0, help="seconds for blue to reach the handoff"

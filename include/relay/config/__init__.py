@@ -47,6 +47,13 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maxi
     return value
 
 
+def _optional_int(env: Mapping[str, str], name: str, minimum: int, maximum: int) -> int | None:
+    """``_int`` where unset (or ``auto``) means Relay decides: None."""
+    if env.get(name, "").strip().lower() in ("", "auto"):
+        return None
+    return _int(env, name, 0, minimum, maximum)
+
+
 def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = (env.get(name) or "").strip().lower()
     if not raw:
@@ -58,6 +65,9 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be true or false, got {env.get(name)!r}")
 
 
+ADAPTIVE_BATCH_S = 5.0
+"""What a batch aims to take while the pipeline is behind, when no batch size is fixed
+(``spark_jobs/batch_sizing.py``); health expects batches that long while it catches up."""
 BATCH_LIMITS = ("max_offsets_per_trigger", "trigger_seconds")
 """The settings a pipeline package, the operator and Relay's default may each give (an operator's
 wins: relay.pipeline.effective_limits)."""
@@ -108,7 +118,9 @@ class RelayConfig:
     each) and one upgrade's green fit in the defaults (see relay.spark.capacity)."""
     worker_memory: str = "3g"
     trigger_seconds: float = 1.0
-    max_offsets_per_trigger: int = 20000
+    max_offsets_per_trigger: int | None = None
+    """A fixed batch size in offsets. None (the default): each batch is sized from the lag and its
+    measured cost, up to a bound from the executors' memory (``spark_jobs/batch_sizing.py``)."""
     host: str = "127.0.0.1"
     spark_rest_secret_file: Path | None = None
     """Key of the REST server's JWS filter; None = ``<data_dir>/secrets/spark-rest.key``."""
@@ -290,7 +302,9 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         worker_cores=_int(env, "RELAY_WORKER_CORES", 6, 1, MAX_CORES),
         worker_memory=env.get("RELAY_WORKER_MEMORY", "3g"),
         trigger_seconds=trigger_seconds,
-        max_offsets_per_trigger=_int(env, "RELAY_MAX_OFFSETS_PER_TRIGGER", 20000, 1, MAX_OFFSETS_PER_TRIGGER),
+        max_offsets_per_trigger=_optional_int(
+            env, "RELAY_MAX_OFFSETS_PER_TRIGGER", 1, MAX_OFFSETS_PER_TRIGGER
+        ),
         host=host,
         spark_rest_secret_file=_path(env, "RELAY_SPARK_REST_SECRET_FILE"),
         pipeline_code=_path(env, "RELAY_PIPELINE_CODE"),

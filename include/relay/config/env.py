@@ -34,7 +34,7 @@ def config_env(config: RelayConfig) -> dict[str, str]:
         "RELAY_WORKER_CORES": str(config.worker_cores),
         "RELAY_WORKER_MEMORY": config.worker_memory,
         "RELAY_TRIGGER_SECONDS": str(config.trigger_seconds),
-        "RELAY_MAX_OFFSETS_PER_TRIGGER": str(config.max_offsets_per_trigger),
+        "RELAY_MAX_OFFSETS_PER_TRIGGER": str(config.max_offsets_per_trigger or "auto"),
         # which of the two the operator set (they beat a pipeline package's values; the others are
         # Relay's): without it, load_config would take both for the operator's
         OPERATOR_LIMITS_ENV: ",".join(config.limits_from_env),

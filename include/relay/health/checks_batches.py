@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from relay.config import ADAPTIVE_BATCH_S
 from relay.health.report import Check, Level, fmt_s, pct
 
 
@@ -13,28 +14,38 @@ def check_latency(
     now: float,
     window_s: float = 300.0,
     critical_factor: float = 10.0,
+    lag: int | None = None,
+    fixed_size: int | None = None,
 ) -> Check:
-    """Median and p95 of batch and ledger-commit durations against the trigger interval.
+    """Median and p95 of batch and ledger-commit durations against the trigger interval, and the
+    batch size (median rows: adaptive unless ``fixed_size``).
 
     A batch slower than its trigger means the job can never keep its cadence; slow checkpoint or ledger
-    storage shows up here first (it is how the seed jobs died).
+    storage shows up here first (it is how the seed jobs died). Not while the pipeline catches up (a
+    ``lag`` above the median batch): adaptive batches then grow to take ``ADAPTIVE_BATCH_S`` on purpose.
     """
     recent = [b for b in batches if b["committed_at"] >= now - window_s]
     dur = [float(b["duration_ms"]) for b in recent]
     com = [float(b["commit_ms"]) for b in recent]
+    rows = [int(b.get("rows_read") or 0) for b in recent]
     data = {
         "batches": len(recent),
         "window_s": window_s,
         "trigger_ms": trigger_seconds * 1000,
         "duration_ms": {"median": statistics.median(dur) if dur else None, "p95": pct(dur, 95)},
         "commit_ms": {"median": statistics.median(com) if com else None, "p95": pct(com, 95)},
+        "rows": {"median": statistics.median(rows) if rows else None, "max": max(rows, default=None)},
+        "batch_size": "adaptive" if fixed_size is None else fixed_size,
+        "lag": lag,
     }
     if not recent:
         return Check("latency", Level.OK, f"no batch committed in the last {fmt_s(window_s)}", data)
     med, trig = data["duration_ms"]["median"], trigger_seconds * 1000
+    size = "adaptive" if fixed_size is None else f"fixed at {fixed_size:,}"
     text = (
         f"batch median {med:.0f} ms, p95 {data['duration_ms']['p95']:.0f} ms; commit median "
-        f"{data['commit_ms']['median']:.0f} ms over {len(recent)} batch(es), trigger {trig:.0f} ms"
+        f"{data['commit_ms']['median']:.0f} ms over {len(recent)} batch(es), trigger {trig:.0f} ms; "
+        f"median {data['rows']['median']:,.0f} rows a batch ({size})"
     )
     if trig <= 0:
         return Check("latency", Level.OK, text + " (trigger 0: no target)", data)
@@ -42,6 +53,9 @@ def check_latency(
         "check checkpoint and ledger storage latency and the batch size (RELAY_MAX_OFFSETS_PER_TRIGGER); "
         "or raise RELAY_TRIGGER_SECONDS"
     )
+    if fixed_size is None and lag is not None and lag > data["rows"]["median"]:
+        trig = max(trig, ADAPTIVE_BATCH_S * 1000)  # catching up: long batches on purpose
+        text += f"; catching up ({lag:,} behind)"
     if med > critical_factor * trig:
         return Check(
             "latency",

@@ -101,7 +101,13 @@ def run_health(
         _guard(
             "latency",
             lambda: check_latency(
-                v.batches, config.trigger_seconds, now, th.window_s, th.latency_critical_factor
+                v.batches,
+                config.trigger_seconds,
+                now,
+                th.window_s,
+                th.latency_critical_factor,
+                lag=_total_lag(v.offsets),
+                fixed_size=config.max_offsets_per_trigger,
             ),
         )
     )
@@ -130,6 +136,12 @@ def run_health(
     if persist:
         _persist(ledger, report)
     return report
+
+
+def _total_lag(offsets: list[dict] | None) -> int | None:
+    """Records behind over every partition, None when no partition's lag is known."""
+    lags = [int(r["lag"]) for r in offsets or () if r.get("lag") is not None]
+    return sum(lags) if lags else None
 
 
 def _instance_checks(

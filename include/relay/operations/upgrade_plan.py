@@ -108,9 +108,17 @@ def _gates(
         "grace_s": float(grace_s),
         "catchup_s": float(catchup_s),
         "max_lag": resolved_max_lag(config, max_lag),
-        "max_lag_from": "RELAY_MAX_OFFSETS_PER_TRIGGER (one batch)" if max_lag is None else "given",
+        "max_lag_from": _lag_from(config, max_lag),
         "drain_timeout_s": float(drain_timeout_s),
     }
+
+
+def _lag_from(config: RelayConfig, max_lag: int | None) -> str:
+    if max_lag is not None:
+        return "given"
+    if config.max_offsets_per_trigger is not None:
+        return "RELAY_MAX_OFFSETS_PER_TRIGGER (one batch)"
+    return "Relay's default (batches are adaptive)"
 
 
 def judge_blue(

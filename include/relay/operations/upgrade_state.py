@@ -69,14 +69,19 @@ def check_gates(grace_s: float, drain_timeout_s: float, catchup_s: float, max_la
         raise ConfigError(f"max lag must be an integer >= 0 (records), got {max_lag!r}")
 
 
+DEFAULT_GATE_LAG = 20_000  # records green may lag at the gate when no batch size is fixed
+
+
 def resolved_max_lag(config: RelayConfig, max_lag: int | None) -> int:
     """The cutover gate's lag bound in records (None: one batch, maxOffsetsPerTrigger).
 
     One batch as the operator set it (pipelines file, ``RELAY_MAX_OFFSETS_PER_TRIGGER``), which the
-    driver applies over the package's; else Relay's default, which a package may lower or raise
-    (``artifact.json`` does not record its value): pass ``max_lag`` to match such a package.
+    driver applies over the package's; else DEFAULT_GATE_LAG (batches are adaptive then; a package
+    may fix its own size, which ``artifact.json`` does not record: pass ``max_lag`` to match it).
     """
-    return int(config.max_offsets_per_trigger if max_lag is None else max_lag)
+    if max_lag is not None:
+        return int(max_lag)
+    return int(config.max_offsets_per_trigger or DEFAULT_GATE_LAG)
 
 
 def result(op: dict) -> dict:

@@ -54,11 +54,10 @@ def driver_args(
         config.kafka_bootstrap,
         "--topic",
         config.topic,
-        "--max-offsets-per-trigger",
-        str(config.max_offsets_per_trigger),
-        "--trigger-seconds",
-        str(config.trigger_seconds),
     ]
+    if config.max_offsets_per_trigger is not None:  # else the source sizes each batch itself
+        args += ["--max-offsets-per-trigger", str(config.max_offsets_per_trigger)]
+    args += ["--trigger-seconds", str(config.trigger_seconds)]
     if supervised:
         args.append("--supervised")
     return args + list(extra or [])

@@ -1,0 +1,86 @@
+"""How many offsets the next micro-batch may span when nobody fixed it: sized from the lag and the
+measured cost, as a pure function of what the source's planner saw (issue #31).
+
+Why adaptive: a batch costs a fixed part (planning, the tasks' start, the ledger commit: ~0.5-1 s on
+two cores) plus a part per row. Caught up, a batch takes what arrived since the last one (small and
+frequent: latency); behind, larger batches spread the fixed part over more rows (throughput), so a
+fixed limit is either slow to catch up (20,000: 0.5x a hand-written consumer) or slow to replay after
+a failure. Here a batch may grow, while the pipeline is behind, until it takes about ``target_s``, and
+never past the hard cap: the operator's ``maxOffsetsPerTrigger`` when set, else a bound derived from
+the executors' memory (:func:`memory_cap_rows`).
+
+How the cost is measured: the planner runs once per trigger, so the time between two plans is what
+the earlier batch took (or the trigger, when it was faster). Only a batch that hit its limit says
+something about the pipeline's speed; a batch that took all there was says only how much arrived.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from relay.config import ADAPTIVE_BATCH_S
+
+FIRST_ROWS = 20_000  # a batch's limit before any cost is known (Relay's former fixed default)
+MIN_ROWS = 1_000  # never below: a slow first batch (cold Python workers) must not starve the next ones
+GROWTH = 4.0  # at most this factor between two full batches: one slow outlier can't run away
+TARGET_S = ADAPTIVE_BATCH_S  # a batch while behind aims at this: bounded replay, a lag figure that moves
+ROW_BYTES = 1024  # memory one row may take in a task, Arrow and the sink's buffers included (generous)
+MEMORY_SHARE = 0.4  # of the executors' memory, for one batch's rows
+MAX_MEMORY_ROWS = 2_000_000  # whatever the memory: a batch that big is minutes of replay
+
+
+def parse_memory(text: str) -> int:
+    """Spark's memory string (``512m``, ``2g``, ``1024k``, bytes) in bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", text.lower())
+    if not match:
+        raise ValueError(f"not a Spark memory size: {text!r}")
+    power = " kmgt".index(match.group(2) or " ")
+    return int(match.group(1)) * 1024**power
+
+
+def memory_cap_rows(executor_memory: str, executors: int = 1) -> int:
+    """The most rows one batch may hold when the operator set no limit: ``MEMORY_SHARE`` of the
+    executors' memory at ``ROW_BYTES`` a row (512m, one executor: 209,715 rows)."""
+    rows = int(parse_memory(executor_memory) * max(1, executors) * MEMORY_SHARE / ROW_BYTES)
+    return max(MIN_ROWS, min(MAX_MEMORY_ROWS, rows))
+
+
+@dataclass
+class BatchSizer:
+    """The planner's running estimate; ``limit`` before each plan, ``planned`` after it."""
+
+    cap: int
+    target_s: float = TARGET_S
+    rows: int = 0  # the current limit (0: none chosen yet)
+    reason: str = "first batch"
+    _last: tuple[float, int, bool] | None = field(default=None, repr=False)  # (at, rows, hit limit)
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise ValueError(f"a batch cap must be >= 1, got {self.cap}")
+        if not math.isfinite(self.target_s) or self.target_s <= 0:
+            raise ValueError(f"a batch target must be seconds > 0, got {self.target_s}")
+        self.rows = min(self.cap, FIRST_ROWS)
+
+    def limit(self, now: float) -> int:
+        """The next batch's limit, from the last full batch's rows over the time it took."""
+        last, self._last = self._last, None
+        if last is not None and last[2] and now > last[0]:
+            at, rows, _ = last
+            seconds = now - at
+            wanted = rows / seconds * self.target_s
+            grown = int(min(wanted, rows * GROWTH, self.cap))
+            self.rows = max(min(MIN_ROWS, self.cap), grown)
+            self.reason = f"behind: {rows:,} rows took {seconds:.1f} s, aiming at {self.target_s:g} s" + (
+                " (at the cap)" if self.rows == self.cap else ""
+            )
+        return self.rows
+
+    def planned(self, now: float, rows: int) -> None:
+        """The batch just planned spans ``rows`` offsets (0: no batch)."""
+        if rows > 0:
+            self._last = (now, rows, rows >= self.rows)
+            if rows < self.rows:
+                self.reason = "caught up: the batch takes what arrived"
