@@ -214,7 +214,7 @@ def driver_memory(cfg: RelayConfig, instance_id: int) -> dict[str, Any]:
     return {}
 
 
-def package_variant(root: Path, name: str, limit: int | None, topic: str | None) -> Path:
+def package_variant(root: Path, name: str, limit: int | None, topic: str | None = None) -> Path:
     """A copy of the example as package ``name`` (a package name can be imported only once)."""
     dest = root / name
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__"))
