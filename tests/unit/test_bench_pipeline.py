@@ -128,6 +128,8 @@ def test_variant_config_forces_no_limit_by_default_and_the_operators_at_best() -
     best = variant_config(base, "ju_cold_200000", "json_upsert", "sqlite:///x.db", 200_000)
     assert best.max_offsets_per_trigger == 200_000 and "max_offsets_per_trigger" in operator_limits(best)
     assert (best.pipeline, best.topic, best.ledger_url) == ("ju_cold_200000", "json_upsert", "sqlite:///x.db")
+    unset = variant_config(load_config({}), "ju_cold_200000", "json_upsert", "sqlite:///x.db", 200_000)
+    assert operator_limits(unset) == ("max_offsets_per_trigger",) and unset.max_offsets_per_trigger == 200_000
 
 
 def _batch(batch_id: int, start: float, end: float, rows: int, to: dict[int, int]) -> dict:

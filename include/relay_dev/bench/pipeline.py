@@ -99,11 +99,15 @@ def limit_label(limit: int | None) -> str:
 def variant_config(
     base: RelayConfig, name: str, topic: str, ledger_url: str, limit: int | None
 ) -> RelayConfig:
-    """The bench's configuration for one deploy. ``limit`` None: no batch setting of the operator's
-    (the bench's RELAY_* ones dropped), Relay's own values, so the package's or Relay's default apply."""
+    """The bench's configuration for one deploy. ``limit``: the operator's read limit. None: no batch
+    setting of the operator's (the bench's RELAY_* ones dropped), Relay's own values, so the
+    package's value or else Relay's default applies."""
     cfg = base.with_(pipeline=name, topic=topic, ledger_url=ledger_url)
-    if limit is not None:
-        return cfg.with_(max_offsets_per_trigger=limit)
+    if limit is not None:  # the operator's: it beats the package's value
+        named = {*cfg.limits_from_env, "max_offsets_per_trigger"}
+        return cfg.with_(
+            max_offsets_per_trigger=limit, limits_from_env=tuple(n for n in BATCH_LIMITS if n in named)
+        )
     defaults = {f.name: f.default for f in dataclasses.fields(RelayConfig) if f.name in BATCH_LIMITS}
     return cfg.with_(limits_from_env=(), limits_from_file=(), **defaults)
 
