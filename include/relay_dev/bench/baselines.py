@@ -345,6 +345,7 @@ def parallel_consumer(
         "rows": rows,
         "upserted": sum(d["upserted"] for d in done),
         "per_process_rows": [d["rows"] for d in done],
+        "per_process_s": [d["end"] - (group.started_at or 0.0) for d in done],
         "seconds": seconds,
         "msg_s": rows / seconds if seconds > 0 else None,
     }
