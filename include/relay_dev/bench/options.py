@@ -17,6 +17,7 @@ SECTIONS: tuple[str, ...] = (
     "memory",
     "submit",
     "pipeline",
+    "latency",
     "smallbatch",
 )
 

@@ -107,6 +107,37 @@ def produce_json(bootstrap: str, topic: str, messages: int) -> dict[str, Any]:
     return {"sent": messages, "ids": ids, "seconds": seconds, "msg_s": messages / seconds}
 
 
+def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> float:
+    """``records`` (key, value) as fast as librdkafka sends them; the seconds to the last ack.
+
+    Keys go to kafka-python's partitions (murmur2, as Java's client): an id keeps its partition
+    whichever of the two clients produced it, so newest-by-offset stays per partition.
+    """
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 20,
+            "partitioner": "murmur2_random",
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+    t0 = time.monotonic()
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    left = producer.flush(300)
+    if left:
+        raise RuntimeError(f"{left} records to {topic} not acknowledged after 300s")
+    return time.monotonic() - t0
+
+
 def _records(bootstrap: str, topic: str) -> Iterator[list[tuple[int, int, bytes | None]]]:
     """Every record of ``topic`` from the beginning to the end now, one list per poll."""
     from kafka import KafkaConsumer, TopicPartition

@@ -13,6 +13,7 @@ from relay.errors import RelayError
 
 from .cluster import bench_config
 from .context import Context, kill_child
+from .latency import section_latency
 from .ledger import section_ledger
 from .memory import section_memory
 from .options import SECTIONS, BenchOptions, Progress
@@ -39,9 +40,20 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "memory": section_memory,
     "submit": section_submit,
     "pipeline": section_pipeline,
+    "latency": section_latency,
     "smallbatch": section_smallbatch,
 }
-NEEDS_STACK = {"throughput", "overhead", "upgrade", "recovery", "memory", "submit", "pipeline", "smallbatch"}
+NEEDS_STACK = {
+    "throughput",
+    "overhead",
+    "upgrade",
+    "recovery",
+    "memory",
+    "submit",
+    "pipeline",
+    "latency",
+    "smallbatch",
+}
 
 
 def results_copy_path(results_dir: Path, options: BenchOptions, stamp: str) -> Path:

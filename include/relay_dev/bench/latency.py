@@ -1,0 +1,251 @@
+"""Section ``latency``: how long a new row takes from its producer to a reader of the sink table.
+
+The example (examples/json_upsert at Relay's default read limit) deployed on its own topic and caught
+up on a small warm-up backlog; then a producer sends 1,000 records/s for 60 s (``--quick``: 20 s),
+paced to a schedule (record i at start + i/rate, no drift), each a new id carrying its produce time
+(``time.time()`` at the send) in its ``score``. A poller reads the sink table every 20 ms
+(``SELECT id, score ... WHERE id >= the lowest id not seen yet``: rows of different partitions
+commit in different transactions, so a plain ``id > last_seen`` could skip one); a row's latency is
+the time the query that first returned it answered minus its produce time (an upper bound).
+Reported: p50, p95, p99, max and the count seen, which must equal the count produced.
+
+Baseline: the same window on b2 (baselines.py: kafka-python, COPY + one INSERT .. SELECT .. ON
+CONFLICT per poll) running as a continuous consumer in its own process, poll timeout 50 ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from relay.errors import OperationError, RelayError
+
+from .baselines import Processes
+from .cluster import wait_caught_up
+from .context import Context
+from .pipeline import deployed
+from .pipeline_backlog import TABLE, json_record, produce_records, sink_database
+from .results import figure
+from .stats import fmt_number, percentile
+
+RATE = 1000.0  # records/s
+SECONDS, QUICK_SECONDS = 60.0, 20.0
+POLL_S = 0.02  # the table reader's period
+B2_POLL_MS = 50  # the continuous baseline's poll timeout
+FIRST_ID = 1_000_000_000  # every measured record is a new id, above the warm-up's
+WARM_UP = 100
+DRAIN_S = 60.0  # after the producer's last record, how long to wait for the last rows
+
+
+# ------------------------------------------------------------------------------------------ pure
+def due_at(t0: float, i: int, rate: float) -> float:
+    """When record ``i`` is due: a fixed schedule from ``t0`` (a late send does not shift the rest)."""
+    return t0 + i / rate
+
+
+def latency_stats(produced: int, seen: Iterable[tuple[float, float]]) -> dict[str, Any]:
+    """(produced at, first seen at) pairs -> latency percentiles in ms and the counts."""
+    lat = sorted((s - p) * 1000 for p, s in seen)
+    return {
+        "produced": produced,
+        "seen": len(lat),
+        "missing": produced - len(lat),
+        "p50_ms": percentile(lat, 50),
+        "p95_ms": percentile(lat, 95),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": lat[-1] if lat else None,
+        "min_ms": lat[0] if lat else None,
+    }
+
+
+# ------------------------------------------------------------------------------ producer, poller
+class PacedProducer(threading.Thread):
+    """``rate`` new-id records/s for ``seconds`` with kafka-python, each carrying its send time."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, seconds: float, first_id: int) -> None:
+        super().__init__(name="bench-latency-producer", daemon=True)
+        self.bootstrap, self.topic, self.rate, self.first_id = bootstrap, topic, rate, first_id
+        self.count = int(rate * seconds)
+        self.sent = 0
+        self.max_behind_s = 0.0  # how far the sends fell behind their schedule
+        self.errors: list[BaseException] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        from kafka import KafkaProducer
+
+        try:
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=0)
+        except Exception as exc:  # noqa: BLE001 - reported by the section
+            self.errors.append(exc)
+            return
+        try:
+            t0 = time.monotonic()
+            for i in range(self.count):
+                wait = due_at(t0, i, self.rate) - time.monotonic()
+                if wait > 0 and self.stop_event.wait(wait):
+                    break
+                self.max_behind_s = max(self.max_behind_s, -wait)
+                ident = self.first_id + i
+                value = json.dumps({"id": ident, "name": f"lat{ident}", "score": time.time()}).encode()
+                producer.send(self.topic, key=str(ident).encode(), value=value).add_errback(
+                    self.errors.append
+                )
+                self.sent += 1
+            producer.flush(60)
+        except Exception as exc:  # noqa: BLE001
+            self.errors.append(exc)
+        finally:
+            producer.close()
+
+
+class TablePoller(threading.Thread):
+    """Every ``POLL_S``: the rows of ids >= the lowest not seen yet; each id's first sighting."""
+
+    def __init__(self, url: str, first_id: int) -> None:
+        super().__init__(name="bench-latency-poller", daemon=True)
+        self.url, self.low = url, first_id
+        self.seen: dict[int, tuple[float, float]] = {}  # id -> (produced at, first seen at)
+        self.polls = 0
+        self.errors: list[BaseException] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        import psycopg2
+
+        try:
+            conn = psycopg2.connect(self.url)
+            conn.autocommit = True
+        except Exception as exc:  # noqa: BLE001
+            self.errors.append(exc)
+            return
+        try:
+            t0, k = time.monotonic(), 0
+            with conn.cursor() as cur:
+                while not self.stop_event.is_set():
+                    cur.execute(f"SELECT id, score FROM {TABLE} WHERE id >= %s", (self.low,))
+                    rows = cur.fetchall()
+                    # after the answer: a row it holds was visible by then (the time before the query
+                    # can precede a produce when this thread stalls between the two: negative latency)
+                    at = time.time()
+                    for ident, score in rows:
+                        if ident not in self.seen:
+                            self.seen[ident] = (float(score), at)
+                    while self.low in self.seen:
+                        self.low += 1
+                    self.polls += 1
+                    k = max(k + 1, int((time.monotonic() - t0) / POLL_S) + 1)  # a late poll skips its slot
+                    self.stop_event.wait(max(0.0, due_at(t0, k, 1 / POLL_S) - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001
+            self.errors.append(exc)
+        finally:
+            conn.close()
+
+
+def measure(bootstrap: str, topic: str, url: str, seconds: float, progress: Any, who: str) -> dict[str, Any]:
+    """One window: the poller on ``url``, the paced producer on ``topic``, then the last rows."""
+    poller = TablePoller(url, FIRST_ID)
+    producer = PacedProducer(bootstrap, topic, RATE, seconds, FIRST_ID)
+    poller.start()
+    try:
+        progress(f"latency: {who}: {producer.count:,} new ids at {RATE:,.0f}/s for {seconds:.0f}s")
+        producer.start()
+        producer.join(seconds + 120)
+        if producer.is_alive():
+            producer.stop_event.set()
+            producer.join(30)
+        deadline = time.monotonic() + DRAIN_S
+        while len(poller.seen) < producer.sent and time.monotonic() < deadline and poller.is_alive():
+            time.sleep(0.1)
+    finally:
+        poller.stop_event.set()
+        poller.join(30)
+    if producer.errors or poller.errors:
+        raise OperationError(f"latency: {who}: producer {producer.errors[:1]}, poller {poller.errors[:1]}")
+    stats = latency_stats(producer.sent, poller.seen.values())
+    stats.update(polls=poller.polls, producer_max_behind_s=producer.max_behind_s, seconds=seconds)
+    progress(
+        f"latency: {who}: seen {stats['seen']:,}/{stats['produced']:,}, "
+        f"p50 {fmt_number(stats['p50_ms'])} ms, p99 {fmt_number(stats['p99_ms'])} ms, "
+        f"max {fmt_number(stats['max_ms'])} ms"
+    )
+    return stats
+
+
+# ---------------------------------------------------------------------------------- the section
+def latency_figures(relay: dict[str, Any], b2: dict[str, Any]) -> list[dict[str, Any]]:
+    who, base = "json_upsert, default limit", "b2 continuous"
+    figures = [
+        figure(f"{who}: produce -> row visible, {q}", relay[f"{q}_ms"], "ms", base, b2[f"{q}_ms"])
+        for q in ("p50", "p95", "p99", "max")
+    ]
+    figures += [
+        figure(f"{who}: new rows seen", relay["seen"], "rows", "produced", relay["produced"], "higher"),
+        figure(f"{base}: new rows seen", b2["seen"], "rows", "produced", b2["produced"], "higher"),
+    ]
+    return figures
+
+
+def section_latency(ctx: Context) -> dict[str, Any]:
+    from relay.kafka.offsets import KafkaOffsets
+    from relay.ledger.engine import create_ledger
+
+    from relay_dev.postgres_local import LocalPostgres
+
+    cfg = ctx.config
+    boot, seconds = cfg.kafka_bootstrap, QUICK_SECONDS if ctx.options.quick else SECONDS
+    topics = {"relay": "json_upsert_latency", "b2": "json_upsert_latency_b2"}
+    pg = LocalPostgres(cfg.data_dir, cfg.ports.postgres, cfg.host)
+    try:
+        ctx.progress(f"latency: starting PostgreSQL (ledger + sink databases) on {pg.address}")
+        ledger_url = pg.start()
+        create_ledger(ledger_url)
+        with KafkaOffsets(boot) as kafka:
+            for topic in topics.values():
+                kafka.ensure_topic(topic, cfg.partitions)
+            partitions = sorted(kafka.latest(topics["b2"]))
+        urls = {k: sink_database(ledger_url, f"sink_lat_{k}_{uuid.uuid4().hex[:6]}") for k in topics}
+        produce_records(boot, topics["relay"], [json_record(i, WARM_UP) for i in range(WARM_UP)])
+        with deployed(ctx, ledger_url, "ju_latency", topics["relay"], None, urls["relay"], "latency") as (
+            rcfg,
+            info,
+            _t0,
+        ):
+            wait_caught_up(rcfg, ctx.progress, 600.0, "latency warm-up")
+            relay = measure(boot, topics["relay"], urls["relay"], seconds, ctx.progress, "json_upsert")
+        group = Processes("kafka-python", boot, topics["b2"], urls["b2"], [partitions], True, B2_POLL_MS)
+        try:
+            group.start()
+            b2 = measure(boot, topics["b2"], urls["b2"], seconds, ctx.progress, "b2 continuous")
+            group.stop_event.set()
+            b2["consumer"] = group.results()[0]
+        finally:
+            group.close()
+    finally:
+        with contextlib.suppress(RelayError):
+            pg.stop()
+    for who, stats in (("json_upsert", relay), ("b2 continuous", b2)):
+        if stats["seen"] != stats["produced"]:
+            raise OperationError(f"latency: {who} showed {stats['seen']} of {stats['produced']} new rows")
+    return {
+        "figures": latency_figures(relay, b2),
+        "details": {
+            "rate": RATE,
+            "seconds": seconds,
+            "poll_s": POLL_S,
+            "b2_poll_ms": B2_POLL_MS,
+            "relay": relay,
+            "relay_instance_id": info.get("instance_id"),
+            "b2": b2,
+            "notes": [
+                "latency = answer of the table query that first returned the row - its produce time",
+                "producer paced to a schedule (record i at start + i/rate); producer_max_behind_s: its lag",
+                "Relay at the example's default read limit and trigger (nothing forced)",
+            ],
+        },
+    }
