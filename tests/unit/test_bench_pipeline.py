@@ -80,9 +80,9 @@ def test_patch_changes_only_the_name_and_the_read_limit_of_the_example() -> None
     with pytest.raises(OperationError, match="changed"):
         patch_pipeline(source.replace('name="json_upsert"', 'name="other"'), "x", 1)
     with pytest.raises(OperationError, match="of digits"):
-        patch_pipeline(
-            source.replace("max_offsets_per_trigger=5000", "max_offsets_per_trigger=LIMIT"), "x", 1
-        )
+        bad = source.replace('name="json_upsert",', 'name="json_upsert",\n    max_offsets_per_trigger=LIMIT,')
+        assert bad != source
+        patch_pipeline(bad, "x", 1)
 
 
 WITH_LIMIT = """TOPIC = "json_upsert"
