@@ -3,11 +3,13 @@ measured cost, as a pure function of what the source's planner saw (issue #31).
 
 Why adaptive: a batch costs a fixed part (planning, the tasks' start, the ledger commit: ~0.5-1 s on
 two cores) plus a part per row. Caught up, a batch takes what arrived since the last one (small and
-frequent: latency); behind, larger batches spread the fixed part over more rows (throughput), so a
-fixed limit is either slow to catch up (20,000: 0.5x a hand-written consumer) or slow to replay after
-a failure. Here a batch may grow, while the pipeline is behind, until it takes about ``target_s``, and
-never past the hard cap: the operator's ``maxOffsetsPerTrigger`` when set, else a bound derived from
-the executors' memory (:func:`memory_cap_rows`).
+frequent: latency); behind, large batches spread the fixed part over more rows (throughput): a fixed
+20,000 applied a 200,000-record burst at 0.5x the rate a 200,000 limit did. So a batch starts at the
+cap, a bound derived from the executors' memory (:func:`memory_cap_rows`), and shrinks only for a
+pipeline so slow per row that such a batch takes over twice ``target_s`` (then it aims at
+``target_s``: bounded replay after a failure, a lag figure that moves), growing back as it speeds up.
+The first full batch's time is not trusted to shrink: it pays the Python workers' and the JIT's start.
+An operator's ``maxOffsetsPerTrigger`` fixes the size instead (no sizing).
 
 How the cost is measured: the planner runs once per trigger, so the time between two plans is what
 the earlier batch took (or the trigger, when it was faster). Only a batch that hit its limit says
@@ -22,9 +24,8 @@ from dataclasses import dataclass, field
 
 from relay.config import ADAPTIVE_BATCH_S
 
-FIRST_ROWS = 20_000  # a batch's limit before any cost is known (Relay's former fixed default)
-MIN_ROWS = 1_000  # never below: a slow first batch (cold Python workers) must not starve the next ones
-GROWTH = 4.0  # at most this factor between two full batches: one slow outlier can't run away
+MIN_ROWS = 1_000  # never below: a batch's fixed cost would dominate
+GROWTH = 4.0  # at most this factor between two full batches: one fast outlier can't run away
 TARGET_S = ADAPTIVE_BATCH_S  # a batch while behind aims at this: bounded replay, a lag figure that moves
 ROW_BYTES = 1024  # memory one row may take in a task, Arrow and the sink's buffers included (generous)
 MEMORY_SHARE = 0.4  # of the executors' memory, for one batch's rows
@@ -53,8 +54,9 @@ class BatchSizer:
 
     cap: int
     target_s: float = TARGET_S
-    rows: int = 0  # the current limit (0: none chosen yet)
-    reason: str = "first batch"
+    rows: int = 0  # the current limit (the cap until a batch was measured)
+    reason: str = "the cap from the executors' memory"
+    measured: int = 0  # full batches timed so far
     _last: tuple[float, int, bool] | None = field(default=None, repr=False)  # (at, rows, hit limit)
 
     def __post_init__(self) -> None:
@@ -62,25 +64,25 @@ class BatchSizer:
             raise ValueError(f"a batch cap must be >= 1, got {self.cap}")
         if not math.isfinite(self.target_s) or self.target_s <= 0:
             raise ValueError(f"a batch target must be seconds > 0, got {self.target_s}")
-        self.rows = min(self.cap, FIRST_ROWS)
+        self.rows = self.cap
 
     def limit(self, now: float) -> int:
         """The next batch's limit, from the last full batch's rows over the time it took."""
         last, self._last = self._last, None
-        if last is not None and last[2] and now > last[0]:
-            at, rows, _ = last
-            seconds = now - at
-            wanted = rows / seconds * self.target_s
-            grown = int(min(wanted, rows * GROWTH, self.cap))
-            self.rows = max(min(MIN_ROWS, self.cap), grown)
-            self.reason = f"behind: {rows:,} rows took {seconds:.1f} s, aiming at {self.target_s:g} s" + (
-                " (at the cap)" if self.rows == self.cap else ""
-            )
+        if last is None or not last[2] or now <= last[0]:
+            return self.rows
+        at, rows, _ = last
+        seconds = now - at
+        self.measured += 1
+        wanted = int(min(rows / seconds * self.target_s, rows * GROWTH, self.cap))
+        slow = seconds > 2 * self.target_s and self.measured > 1
+        if wanted > self.rows or (slow and wanted < self.rows):
+            self.rows = max(min(MIN_ROWS, self.cap), wanted)
+            how = "at the cap" if self.rows == self.cap else f"aiming at {self.target_s:g} s"
+            self.reason = f"behind: {rows:,} rows took {seconds:.1f} s ({how})"
         return self.rows
 
     def planned(self, now: float, rows: int) -> None:
         """The batch just planned spans ``rows`` offsets (0: no batch)."""
         if rows > 0:
             self._last = (now, rows, rows >= self.rows)
-            if rows < self.rows:
-                self.reason = "caught up: the batch takes what arrived"

@@ -263,18 +263,15 @@ class DriverRuntime:
 
     def source_options(self) -> dict[str, str]:
         """Relay's Kafka source inside the instance's leases (caps and read limits in the source)."""
-        options = {
+        fixed = self.read_limits()[0]  # None: adaptive batches (spark_jobs/batch_sizing.py)
+        return {
             "kafka.bootstrap.servers": self.args.bootstrap,
             "subscribe": self.args.topic,
             "startingOffsets": self._starting_offsets(),
             "failOnDataLoss": "true",
             "relay.ledgerUrlEnv": LEDGER_URL_ENV,  # the name of the variable, not the URL
             "relay.instanceId": str(self.instance.id),
-        }
-        fixed = self.read_limits()[0]
-        if fixed is not None:  # else adaptive batches (spark_jobs/batch_sizing.py)
-            options["maxOffsetsPerTrigger"] = str(fixed)
-        return options
+        } | ({} if fixed is None else {"maxOffsetsPerTrigger": str(fixed)})
 
     def source_stream(self, spark: Any) -> Any:
         import kafka_source

@@ -31,7 +31,7 @@ import kafka_consumer_pool
 import kafka_offsets_plan
 import kafka_partition_read
 import kafka_source_options
-from batch_sizing import BatchSizer
+from batch_sizing import BatchSizer, memory_cap_rows
 from kafka_offsets_plan import (
     EARLIEST,
     LATEST,
@@ -130,7 +130,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest_seen: tuple[float, PartitionOffsets] | None = None  # for reportLatestOffset
         self._outage = Outage("the source's planning")  # Kafka or the ledger briefly away
         fixed = settings.max_offsets_per_trigger is not None
-        self._sizer = None if fixed else BatchSizer(settings.batch_cap_rows or batch_sizing.FIRST_ROWS)
+        self._sizer = None if fixed else BatchSizer(settings.batch_cap_rows or memory_cap_rows("1g"))
 
     def __getstate__(self) -> dict[str, Any]:
         """The reader is pickled to executors for read(); a live consumer must not travel along."""

@@ -41,7 +41,7 @@ class SourceSettings:
     (:mod:`batch_sizing`)."""
     batch_cap_rows: int | None = None
     """The adaptive size's hard cap (``relay.batchCapRows``; default: from the executors' memory,
-    :func:`spark_batch_cap`). None: :data:`batch_sizing.FIRST_ROWS`, fixed."""
+    :func:`session_batch_cap`). None: as for Spark's default executor memory, 1g."""
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 10_000
     isolation_level: str = "read_uncommitted"

@@ -1,16 +1,19 @@
 """Issue #31: batches sized from the lag and the measured cost when nobody fixed a size.
 
-Behind, a batch grows (at most GROWTH times per batch) until it takes about the target, never past
-the cap; caught up, it takes what arrived, and the size learned stays for the next burst. The cap
-comes from the executors' memory; an operator's maxOffsetsPerTrigger turns the sizing off.
+Behind, a batch takes the cap (from the executors' memory); a pipeline so slow per row that such a
+batch takes over twice the target shrinks to aim at the target (never on the first, cold, batch),
+and grows back (at most GROWTH times per batch) as it speeds up. Caught up, a batch takes what
+arrived and says nothing about speed. An operator's maxOffsetsPerTrigger turns the sizing off.
 """
 
 from __future__ import annotations
 
 import batch_sizing
 import pytest
-from batch_sizing import FIRST_ROWS, GROWTH, MIN_ROWS, BatchSizer, memory_cap_rows, parse_memory
+from batch_sizing import GROWTH, MIN_ROWS, BatchSizer, memory_cap_rows, parse_memory
 from kafka_source_options import SourceSettings, session_batch_cap
+
+CAP = 200_000
 
 
 def full_batch(sizer: BatchSizer, at: float, seconds: float) -> int:
@@ -20,41 +23,47 @@ def full_batch(sizer: BatchSizer, at: float, seconds: float) -> int:
     return sizer.limit(at + seconds)
 
 
-def test_a_cheap_full_batch_grows_the_next_by_at_most_growth() -> None:
-    sizer = BatchSizer(cap=10_000_000)
-    assert sizer.limit(0.0) == FIRST_ROWS
-    assert full_batch(sizer, 0.0, 1.0) == int(FIRST_ROWS * GROWTH)  # 20k in 1 s wants 100k at 5 s
-    assert "behind" in sizer.reason
+def test_behind_a_batch_takes_the_cap_while_it_is_fast_enough() -> None:
+    sizer = BatchSizer(cap=CAP, target_s=5.0)
+    assert sizer.limit(0.0) == CAP
+    assert full_batch(sizer, 0.0, 8.0) == CAP  # 8 s: within twice the target
+    assert full_batch(sizer, 10.0, 1.0) == CAP  # faster: still the cap, never past it
 
 
-def test_behind_the_size_settles_where_a_batch_takes_the_target() -> None:
-    sizer, rate, at = BatchSizer(cap=10_000_000, target_s=5.0), 30_000.0, 0.0
-    for _ in range(8):  # each batch takes a fixed 0.8 s plus rows / rate
+def test_the_cold_first_batch_never_shrinks_the_size() -> None:
+    sizer = BatchSizer(cap=CAP, target_s=5.0)
+    assert full_batch(sizer, 0.0, 60.0) == CAP  # the Python workers' start, the JIT
+    assert full_batch(sizer, 60.0, 60.0) == int(CAP / 60.0 * 5.0)  # the second slow one does
+    assert "aiming at 5 s" in sizer.reason
+
+
+def test_a_slow_pipeline_settles_where_a_batch_takes_the_target_and_grows_back() -> None:
+    sizer, at = BatchSizer(cap=10_000_000, target_s=5.0), 0.0
+    for _ in range(10):  # each batch takes a fixed 0.8 s plus rows / 20,000 rows a second
         rows = sizer.limit(at)
         sizer.planned(at, rows)
-        at += 0.8 + rows / rate
-    took = 0.8 + sizer.limit(at) / rate
-    assert 4.0 < took < 6.0
+        at += 0.8 + rows / 20_000.0
+    took = 0.8 + sizer.limit(at) / 20_000.0
+    assert took <= 2 * 5.0 and sizer.rows < 10_000_000
+    before = sizer.rows
+    assert full_batch(sizer, at, 0.5) == int(GROWTH * before)  # the sink got faster: grow, by GROWTH
 
 
-def test_never_past_the_cap_nor_below_the_floor() -> None:
-    sizer = BatchSizer(cap=50_000)
-    assert full_batch(sizer, 0.0, 0.1) == 50_000
-    assert sizer.reason.endswith("(at the cap)")
-    slow = BatchSizer(cap=10_000_000)
-    assert full_batch(slow, 0.0, 3600.0) == MIN_ROWS  # a cold first batch must not starve the next
+def test_never_below_the_floor_nor_past_a_tiny_cap() -> None:
+    slow = BatchSizer(cap=CAP)
+    full_batch(slow, 0.0, 3600.0)
+    assert full_batch(slow, 3600.0, 3600.0) == MIN_ROWS
     tiny = BatchSizer(cap=10)
-    assert tiny.limit(0.0) == 10 and full_batch(tiny, 0.0, 100.0) == 10
+    assert tiny.limit(0.0) == 10 and full_batch(tiny, 0.0, 100.0) == 10 and full_batch(tiny, 1, 100) == 10
 
 
-def test_caught_up_batches_say_nothing_about_speed_and_keep_the_size_learned() -> None:
-    sizer = BatchSizer(cap=10_000_000)
-    grown = full_batch(sizer, 0.0, 1.0)
+def test_caught_up_batches_say_nothing_about_speed() -> None:
+    sizer = BatchSizer(cap=CAP)
+    full_batch(sizer, 0.0, 1.0)
     sizer.planned(1.0, 300)  # the lag was 300: the batch takes what arrived
-    assert sizer.limit(60.0) == grown  # a minute idle is not a slow batch
-    assert sizer.reason.startswith("caught up")
-    sizer.planned(61.0, 0)  # no batch at all
-    assert sizer.limit(62.0) == grown
+    assert sizer.limit(600.0) == CAP  # ten minutes idle is not a slow batch
+    sizer.planned(601.0, 0)  # no batch at all
+    assert sizer.limit(900.0) == CAP and sizer.measured == 1
 
 
 @pytest.mark.parametrize(
