@@ -171,6 +171,17 @@ def render_table(result: dict[str, Any]) -> str:
         f"human actions needed: {human} (must be 0: "
         + ("met)" if human == 0 else "NOT met: restarts and redeploys the tool did that the stack should do)")
     )
+    health = result.get("health") or {}
+    if health.get("kinds") or health.get("final"):
+        seen = ", ".join(
+            f"{k} {v['reported']}/{v['sampled']}" for k, v in sorted((health.get("kinds") or {}).items())
+        )
+        final = health.get("final") or {}
+        out.append(
+            f"health (sampled every 5 s): faults it reported while they lasted: {seen or '-'}; after "
+            f"catching up: {final.get('status', '-')}"
+            + (f" ({', '.join(sorted(final.get('not_ok') or {}))})" if final.get("not_ok") else "")
+        )
     if result.get("caught_up_s") is not None:
         out.append(f"caught up {fmt_number(result['caught_up_s'])} s after the load stopped")
     if result.get("error"):

@@ -25,6 +25,7 @@ from relay.pipeline import load_package
 from relay_dev.bench import cursors, free_port, latest_offsets, write_result
 from relay_dev.chaos.faults import FaultEvent, Injector
 from relay_dev.chaos.healer import HumanAction, PipelineHealer
+from relay_dev.chaos.health_watch import HealthWatcher, health_during, health_now, health_summary
 from relay_dev.chaos.observe import ChaosProducer, CommitWatcher, broker_check
 from relay_dev.chaos.parts import StackParts
 from relay_dev.chaos.plan import ChaosOptions, make_plan, next_fault_at
@@ -108,6 +109,7 @@ class ChaosRun:
             self.config, self.parts, self.airflow, options.lock_seconds, self.abort, self.note
         )
         self.watcher = CommitWatcher(self.config)
+        self.health = HealthWatcher(self.config)
         self.producer = ChaosProducer(
             self.config, options.rate, options.poison_every, self.note, options.workload
         )
@@ -157,6 +159,7 @@ class ChaosRun:
         self.note(f"pipeline running; producing {o.rate:g} msg/s, {o.warmup_s:g}s before the first fault")
         self.abort.wait(o.warmup_s)
         self.healer.start()
+        self.health.start()
         t0 = time.time()
         self.result["window"] = {"start": t0}
         for kind in o.kinds:
@@ -181,6 +184,9 @@ class ChaosRun:
         self._repair()
         self.result["caught_up_s"] = self._wait_caught_up()
         self.healer.stop()
+        self.health.stop()
+        self.result["health_final"] = health_now(self.config)  # caught up: health must be OK again
+        self.note(f"health after catching up: {self.result['health_final']}")
         self._final_check()
         self.note("deep audit (relay audit --deep: the ledger, Kafka and the sink)")
         report, deep = run_audit(self.config, self.note)
@@ -289,7 +295,9 @@ class ChaosRun:
                 f"{e['kind']} #{e['index']} {a.at - e['at']:.0f}s before" for e in before[-3:]
             ]
             actions.append(row)
+        health_during(events, self.health.samples)
         self.result["events"] = sorted(events, key=lambda r: r.get("at") or 0)
+        self.result["health"] = health_summary(events, self.result.get("health_final"))
         self.result["human_actions"] = actions
         self.result["kinds"] = summarize_kinds(events, actions, self.options.kinds)
         self.result["human_actions_total"] = sum(r["human_actions"] for r in self.result["kinds"])
@@ -335,6 +343,7 @@ class ChaosRun:
         self.healer.stop(timeout_s=15)  # on Ctrl-C a redeploy's wait must not hold the teardown
         self.producer.stop()
         self.watcher.stop()
+        self.health.stop()
         self.sink.restore()
         if self.airflow is not None:
             with contextlib.suppress(RelayError):
