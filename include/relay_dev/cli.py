@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relay.cli.args import float_above, int_at_least
 from relay.config import RelayConfig
-from relay.config.inputs import float_above, int_at_least
 from relay.errors import RelayError
 
 from relay_dev.bench.options import SECTIONS

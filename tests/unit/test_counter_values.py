@@ -1,7 +1,7 @@
 """The counter's sink (Relay's default pipeline): only canonical counters count, values byte for byte.
 
 Batches go through the commit protocol as the pipeline driver runs them (``tests/counter_batches.py``)
-on a SQLite ledger; the parser itself is ``relay.config.inputs.parse_counter_bytes`` (``test_inputs``).
+on a SQLite ledger; the parser itself is ``relay.kafka.counter_key.parse_counter_bytes`` (``test_inputs``).
 """
 
 from __future__ import annotations

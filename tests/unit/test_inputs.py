@@ -11,21 +11,19 @@ import re
 
 import pytest
 from relay.artifacts import validate_version as artifacts_validate_version
+from relay.cli.args import float_above, int_at_least
 from relay.config.inputs import (
-    COUNTER_MAX,
     HANDOFF_PATTERN,
     OPTIONAL_VERSION_PATTERN,
     TIME_PATTERN,
     VERSION_PATTERN,
-    float_above,
-    int_at_least,
-    parse_counter_bytes,
     parse_partition_offsets,
     parse_time_ms,
     recover_inputs,
     validate_version,
 )
 from relay.errors import ConfigError
+from relay.kafka.counter_key import COUNTER_MAX, parse_counter_bytes
 
 BAD_VERSIONS = [
     ".",

@@ -9,17 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relay.cli.args import OneLineErrorParser, float_above, handoff_arg, int_at_least, version_arg
 from relay.config import RelayConfig, load_config
 from relay.config.bounds import MAX_LAG, MAX_RATE
 from relay.config.inputs import (  # noqa: F401 - parse_* re-exported: callers imported them from here
-    OneLineErrorParser,
-    float_above,
-    handoff_arg,
-    int_at_least,
     parse_partition_offsets,
     parse_time_ms,
     recover_inputs,
-    version_arg,
 )
 from relay.errors import RelayError
 

@@ -1,5 +1,8 @@
 """The rules operator input is checked against, defined once for the DAG params, the CLI and the library.
 
+The CLI's argparse types built on these rules are in ``relay.cli.args``; the counter's key format in
+``relay.kafka.counter_key``.
+
 Why one module: a DAG param is validated by Airflow when the run is triggered (the REST API answers
 400, the UI form refuses), before any task runs, and JSON schema is the only language Airflow
 applies there. The same patterns are used by the Python checks (``validate_version``, the CLI's
@@ -14,16 +17,13 @@ which in Python matches every Unicode digit (Arabic-Indic ``٤٢`` included).
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
-from relay.config.bounds import MAX_RECORDS, MAX_SECONDS
 from relay.errors import ConfigError
 
 END = r"$(?!\n)"
@@ -66,28 +66,12 @@ HANDOFF_PATTERN = rf'^(?:latest|\s*\{{\s*"{_TOPIC}"\s*:\s*{_JSON_OFFSETS}\s*\}}\
 
 STRATEGIES = ("earliest", "latest", "timestamp", "offsets")
 
+
 #: A counter (the seeds' counter's key) in its one canonical form: ASCII ``0`` or ``[1-9][0-9]*``, no
-#: sign, space, underscore or other digits, and at most 2^63-1 (Spark's LongType, PostgreSQL BIGINT).
-#: ``int()`` is far more lenient (`` 42 ``, ``+7``, ``4_4``, ``٤٢``, ``-0``): never parse counters with it.
-COUNTER_MAX = 2**63 - 1
-_COUNTER = re.compile(rb"0|[1-9][0-9]{0,18}")
-
-
-def _short(value: object, limit: int = 60) -> str:
+def short_repr(value: object, limit: int = 60) -> str:
     """``repr`` cut to ``limit`` characters: one readable line whatever the operator typed."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def parse_counter_bytes(raw: bytes | None) -> int:
-    """The counter ``raw`` holds in canonical form; ValueError (naming the bytes) for anything else."""
-    if raw is None:
-        raise ValueError("message has no key")
-    if not _COUNTER.fullmatch(raw) or int(raw) > COUNTER_MAX:
-        raise ValueError(
-            f"key {_short(raw)} is not a canonical counter (ASCII 0 or 1-9 then digits, at most 2^63-1)"
-        )
-    return int(raw)
 
 
 def validate_version(version: str) -> str:
@@ -95,7 +79,7 @@ def validate_version(version: str) -> str:
     if not isinstance(version, str) or not re.search(VERSION_PATTERN, version):
         raise ConfigError(
             "version must be 1-64 letters, digits, '.', '_' or '-', start with a letter or digit and "
-            f"contain no '..', got {_short(version)}"
+            f"contain no '..', got {short_repr(version)}"
         )
     return version
 
@@ -104,14 +88,14 @@ def parse_time_ms(text: str) -> int:
     """Milliseconds since the epoch, from epoch ms or ISO 8601 (UTC when no zone is given)."""
     if not isinstance(text, str) or not text or not re.search(TIME_PATTERN, text):
         raise ConfigError(
-            f"time must be epoch milliseconds or ISO 8601 (2024-05-01T12:00:00Z), got {_short(text)}"
+            f"time must be epoch milliseconds or ISO 8601 (2024-05-01T12:00:00Z), got {short_repr(text)}"
         )
     if text.isdigit():
         return int(text)
     try:
         when = datetime.fromisoformat(text)
     except ValueError as exc:  # the pattern cannot tell that February has no 30th
-        raise ConfigError(f"time {_short(text)} is not a valid date: {exc}") from exc
+        raise ConfigError(f"time {short_repr(text)} is not a valid date: {exc}") from exc
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return int(when.timestamp() * 1000)
@@ -140,7 +124,7 @@ def parse_partition_offsets(value: str | Mapping[str, Any] | None) -> dict[int, 
         try:
             data = json.loads(value, object_pairs_hook=_no_duplicate_keys)
         except ValueError as exc:
-            raise ConfigError(f"{example}; got {_short(value)}") from exc
+            raise ConfigError(f"{example}; got {short_repr(value)}") from exc
     try:
         validate(data, OFFSETS_SCHEMA)
     except ValidationError as exc:
@@ -168,7 +152,7 @@ def recover_inputs(strategy: str, time: str | None, offsets: str | Mapping[str, 
     likely forgot to set the strategy, and a recovery that silently does something else is worse.
     """
     if strategy not in STRATEGIES:
-        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {_short(strategy)}")
+        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {short_repr(strategy)}")
     timestamp_ms = parse_time_ms(time) if time else None
     parsed = parse_partition_offsets(offsets)
     if strategy == "timestamp" and timestamp_ms is None:
@@ -184,67 +168,3 @@ def recover_inputs(strategy: str, time: str | None, offsets: str | Mapping[str, 
             f"offsets were given but strategy is {strategy}: set strategy offsets or clear offsets"
         )
     return RecoverInputs(strategy, timestamp_ms, parsed)
-
-
-# --------------------------------------------------------------------------- CLI argument types
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse with a one-line error: ``relay produce: argument --count: must be ... (see --help)``.
-
-    Why: the default prints the whole usage block before the error, which buries the one line an
-    operator (or a script reading stderr) needs. Subparsers inherit the class.
-    """
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-_INT = re.compile(r"-?[0-9]+")
-_FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-
-
-def int_at_least(minimum: int, maximum: int = MAX_RECORDS) -> Callable[[str], int]:
-    """argparse type: a plain decimal integer in [``minimum``, ``maximum``] (no ``+``, ``_``,
-    spaces or ``1e3``; ``maximum`` by default the most records one command sends)."""
-
-    def parse(text: str) -> int:
-        if not _INT.fullmatch(text) or int(text) < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {_short(text)}")
-        if len(text) > 20 or int(text) > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {_short(text)}")
-        return int(text)
-
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
-
-
-def float_above(minimum: float, maximum: float = MAX_SECONDS) -> Callable[[str], float]:
-    """argparse type: a finite decimal number in (``minimum``, ``maximum``] (``nan``, ``inf`` and
-    ``0`` for rates refused; ``maximum`` by default a week of seconds)."""
-
-    def parse(text: str) -> float:
-        value = float(text) if _FLOAT.fullmatch(text) else math.nan
-        if not math.isfinite(value) or value <= minimum:
-            raise argparse.ArgumentTypeError(f"must be a number > {minimum:g}, got {_short(text)}")
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {_short(text)}")
-        return value
-
-    parse.__name__ = f"number > {minimum:g}"
-    return parse
-
-
-def version_arg(text: str) -> str:
-    """argparse type: a version label (``VERSION_PATTERN``)."""
-    try:
-        return validate_version(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def handoff_arg(text: str) -> str:
-    """argparse type: ``latest`` or JSON ``{"<topic>": {"0": 42}}`` (``HANDOFF_PATTERN``, as the DAG)."""
-    if not re.search(HANDOFF_PATTERN, text):
-        raise argparse.ArgumentTypeError(
-            f'must be "latest" or JSON like {{"<topic>": {{"0": 42}}}} with offsets >= 0, got {_short(text)}'
-        )
-    return text

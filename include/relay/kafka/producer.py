@@ -23,8 +23,8 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from relay.config.inputs import parse_counter_bytes
 from relay.errors import ConfigError, KafkaError
+from relay.kafka.counter_key import parse_counter_bytes
 from relay.kafka.offsets import KafkaOffsets
 
 POISON_KEY = b"-1"

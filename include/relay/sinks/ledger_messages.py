@@ -36,9 +36,9 @@ from sqlalchemy import select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from relay.config.inputs import parse_counter_bytes
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError, RelayError
+from relay.kafka.counter_key import parse_counter_bytes
 from relay.ledger import schema as s
 from relay.ledger.engine import POSTGRES_PREFIX, SQLITE_PREFIX, make_engine, open_engine, safe_url
 from relay.ledger.models import InstanceState
