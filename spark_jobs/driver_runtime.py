@@ -65,9 +65,10 @@ def build_session(args: argparse.Namespace, app_name: str) -> Any:
         from local_session import local_session
 
         return local_session(app_name, Path(args.spark_dir or "var/spark"), memory="1g")
+    from local_session import CHECKPOINT_CONF
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name)
+    builder = SparkSession.builder.appName(app_name).config(map=CHECKPOINT_CONF)
     spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     ship_artifact(spark)
     return spark
