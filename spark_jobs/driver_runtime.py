@@ -36,7 +36,7 @@ from driver_checks import (
     warm_up_in_background,
 )
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
-from query_progress import log_progress
+from query_progress import log_progress, log_startup
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
 from relay.kafka.identity import Marker, TopicChangedError, check_identity
 from relay.ledger.attempts import LAUNCH_TOKEN_ENV
@@ -65,9 +65,10 @@ def build_session(args: argparse.Namespace, app_name: str) -> Any:
         from local_session import local_session
 
         return local_session(app_name, Path(args.spark_dir or "var/spark"), memory="1g")
+    from local_session import CHECKPOINT_CONF
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name)
+    builder = SparkSession.builder.appName(app_name).config(map=CHECKPOINT_CONF)
     spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     ship_artifact(spark)
     return spark
@@ -93,9 +94,7 @@ class DriverRuntime:
         # A stateful pipeline's standby reads in shadow (relay.pipeline.stateful): its batches run, writing
         # nothing, and it is READY once caught up; a stateless standby's batches are empty.
         self.shadow = False
-        self.standby_cpu = StandbyCpu(
-            standby_nice()
-        )  # lowered while a standby (relay.spark.standby_priority)
+        self.standby_cpu = StandbyCpu(standby_nice())  # lowered while a standby (standby_priority)
         self.spark: Any = None
 
     # ------------------------------------------------------------------ what a driver says
@@ -156,6 +155,7 @@ class DriverRuntime:
         log.info(
             "instance %s attempt %s epoch %s (version %s)", inst.id, attempt.id, attempt.epoch, inst.version
         )
+        log_startup("attempt started")
         try:
             return self._run_attempt(predecessors)
         except ZombieAttemptError as exc:  # Step 4. Exit so that supervision does not relaunch
@@ -206,6 +206,7 @@ class DriverRuntime:
             self.standby_cpu.lower_driver()
         self.spark = spark = build_session(args, inst.app_name)
         ledger.set_attempt_app(self.attempt.id, spark.sparkContext.applicationId)
+        log_startup("session up")
         self.before_query(spark)
         if self.instance.state.standby:
             self.standby_cpu.lower_executors(spark)
@@ -213,6 +214,7 @@ class DriverRuntime:
         else:
             warm_up_in_background(spark, self.source_options())
         query = self._start_query(spark)
+        log_startup("query started")
         return self._supervise(query)
 
     def mark_ready(self) -> None:

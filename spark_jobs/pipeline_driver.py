@@ -38,6 +38,7 @@ from driver_checks import starting_offsets  # noqa: E402
 from driver_inputs import arg_parser, check_args  # noqa: E402
 from driver_main import exit_now, run_main  # noqa: E402
 from driver_runtime import DriverRuntime  # noqa: E402
+from query_progress import log_startup  # noqa: E402
 from relay.crashpoints import crash_point  # noqa: E402
 from relay.errors import ConfigError, ZombieAttemptError  # noqa: E402
 from relay.ledger.models import Offsets  # noqa: E402
@@ -143,6 +144,7 @@ class PipelineDriver(DriverRuntime):
         self.taken_over: set[tuple[str, int, int]] = set()  # (topic, partition, instance) fenced
         self.warm_up_start: str | None = None  # a stateful standby's startingOffsets, found once
         self.narrow: bool | None = None  # the transform's plan keeps source partitions whole (first batch)
+        self.committed_one = False  # start-up diagnostics: the attempt's first commit is logged once
 
     def limits(self) -> dict[str, tuple[float, str]]:
         """The batch settings applied and whose they are: operator > package > Relay's default."""
@@ -173,6 +175,7 @@ class PipelineDriver(DriverRuntime):
             )
         check_transform(p, spark.createDataFrame([], kafka_source.KAFKA_SCHEMA))
         secret_values(p, os.environ)  # each one set (names the missing ones, never a value)
+        log_startup("pipeline loaded and checked")
         sink = self.sink = p.build_sink()
         if p.stateful:
             try:
@@ -190,6 +193,7 @@ class PipelineDriver(DriverRuntime):
                 raise PipelineError(f"pipeline {p.name}: its sink refused to start: {exc}") from exc
         limits = self.limits()
         size, whose = limits["max_offsets_per_trigger"]
+        log_startup("sink prepared and fenced")
         log.info(
             "pipeline %s ready (sink %s, epoch %s); batches %s (%s), trigger %s s (%s)",
             p.name,
@@ -351,6 +355,9 @@ class PipelineDriver(DriverRuntime):
             (t2 - t1) * 1000,
             (t3 - t2) * 1000,
         )
+        if not self.committed_one:
+            self.committed_one = True
+            log_startup(f"first commit (batch {batch_id})")
 
     def _narrow(self, out: Any) -> bool:
         """Whether the transform's plan keeps each source partition in one task, found on the first

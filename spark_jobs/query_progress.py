@@ -1,8 +1,12 @@
-"""What Spark says a micro-batch's time went to, logged once per batch by the driver's supervision."""
+"""What Spark says a micro-batch's time went to, logged once per batch by the driver's supervision;
+and when each start-up step ended (``log_startup``)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("relay.job")
@@ -28,3 +32,24 @@ def log_progress(query: Any, logged: tuple[int, str] | None) -> tuple[int, str] 
     steps = ", ".join(f"{k} {v}" for k, v in sorted(progress.durationMs.items()))
     log.info("batch %s: %s rows; Spark's steps (ms): %s", progress.batchId, progress.numInputRows, steps)
     return key
+
+
+def _jvm_started() -> float | None:
+    """When the driver JVM (this Python driver's parent in cluster mode) started, in epoch seconds."""
+    try:
+        ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        stat = Path("/proc/stat").read_text().splitlines()
+        boot = next(float(line.split()[1]) for line in stat if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+_JVM_STARTED = _jvm_started()
+
+
+def log_startup(step: str) -> None:
+    """A start-up step's time since the driver JVM started (issue #31: where a start's seconds go)."""
+    if _JVM_STARTED is not None:
+        since_ms = (time.time() - _JVM_STARTED) * 1000
+        log.info("start-up: %s at %.0f ms after the driver JVM started", step, since_ms)
