@@ -229,12 +229,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: OffsetJson, limit: ReadLimit) -> OffsetJson:
         """End offsets of the next batch (:func:`kafka_offsets_plan.plan_batch_end`).
 
-        Every batch spans at most maxOffsetsPerTrigger offsets whatever ``limit`` Spark passes, the
-        first batch after a restart or a long outage included: a batch is collected on the driver.
-        Data loss is checked here, on the driver, so a restart on a position retention deleted fails
-        before any batch runs. With Relay's ledger the plan is made under the instance's row lock
-        and its ends are recorded before Spark writes ``offsets/N`` (see :meth:`_plan`); Kafka's
-        offsets are looked up first, outside that transaction.
+        Every batch spans at most maxOffsetsPerTrigger offsets (or the adaptive size) whatever
+        ``limit`` Spark passes. Data loss is checked here, on the driver, so a restart on a position
+        retention deleted fails before any batch runs. With Relay's ledger the plan is made under
+        the instance's row lock and its ends are recorded before Spark writes ``offsets/N`` (see
+        :meth:`_plan`); Kafka's offsets are looked up first, outside that transaction.
         """
         try:
             earliest, latest = self._offsets(self._topic_partitions())
@@ -246,6 +245,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._available_now_end is not None:
             latest = {tp: min(end, self._available_now_end.get(tp, end)) for tp, end in latest.items()}
         begin = from_offset_json(start)
+        if latest == begin:  # nothing to plan: no ledger transaction (a short trigger polls often)
+            self._outage.ok()  # Kafka answered; the ledger is tried again with the next plan
+            return start
         sized = self._sizer.limit(time.monotonic()) if self._sizer is not None else None
         max_rows = batch_row_limit(limit, self.settings.max_offsets_per_trigger or sized)
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ def cmd_bench(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay_dev.bench import BenchOptions, render_table, run_bench
 
     options = BenchOptions.build(quick=a.quick, messages=a.messages, only=a.only)
+    if a.trigger_seconds is not None:
+        options = replace(options, trigger_seconds=a.trigger_seconds)
     results_dir = Path(a.results_dir) if a.results_dir else None
     result = run_bench(options, progress=_say, host=cfg.host, results_dir=results_dir)
     as_json = getattr(a, "json", False)
@@ -114,6 +117,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
     bn = sub.add_parser("bench", help="benchmarks against baselines on a private stack (var/bench/)")
     bn.add_argument("--quick", action="store_true", help="small sizes (50,000 messages): a few minutes")
     bn.add_argument("--messages", type=int_at_least(1), default=None, help="backlog for the throughput run")
+    bn.add_argument(
+        "--trigger-seconds",
+        type=float_above(0, 60),
+        default=None,
+        help="the pipelines' trigger (default: Relay's, 1 s); e.g. 0.1 for the latency mode",
+    )
     bn.add_argument(
         "--only",
         default=None,

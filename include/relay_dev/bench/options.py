@@ -39,6 +39,7 @@ class BenchOptions:
     recovery_messages: int = 3000
     quick: bool = False
     only: tuple[str, ...] = SECTIONS
+    trigger_seconds: float = 1.0  # every pipeline's trigger (RELAY_TRIGGER_SECONDS), Relay's default
 
     @classmethod
     def build(cls, quick: bool = False, messages: int | None = None, only: str | None = None) -> BenchOptions:

@@ -109,6 +109,9 @@ def variant_config(
             max_offsets_per_trigger=limit, limits_from_env=tuple(n for n in BATCH_LIMITS if n in named)
         )
     defaults = {f.name: f.default for f in dataclasses.fields(RelayConfig) if f.name in BATCH_LIMITS}
+    if cfg.trigger_seconds != defaults["trigger_seconds"]:  # relay bench --trigger-seconds: the operator's
+        defaults.pop("trigger_seconds")
+        return cfg.with_(limits_from_env=("trigger_seconds",), limits_from_file=(), **defaults)
     return cfg.with_(limits_from_env=(), limits_from_file=(), **defaults)
 
 
