@@ -375,8 +375,10 @@ def test_latency_against_the_trigger_interval(config, ledger, kafka):
     assert lat.level is Level.WARN and lat.data["duration_ms"]["median"] > 2900
     assert lat.data["batches"] == 3
     batches = ledger.recent_batches(P)
-    crit = check_latency(batches, trigger_seconds=0.2, now=time.time())
-    assert crit.level is Level.CRITICAL  # median ~3 s > 10 x 0.2 s
+    crit = check_latency(batches, trigger_seconds=0.2, now=time.time(), critical_factor=2.0)
+    assert crit.level is Level.CRITICAL  # median ~3 s > 2 x 1 s (a 0.2 s trigger's floor)
+    short = check_latency(batches, trigger_seconds=0.2, now=time.time())
+    assert short.level is Level.WARN  # ~3 s > 1 s, but under 10 x 1 s
 
 
 def test_dead_letters_growth_since_the_previous_report(config, ledger, kafka):
@@ -447,5 +449,13 @@ def test_long_adaptive_batches_while_catching_up_do_not_page(config, ledger, kaf
     assert check_latency(batches, 1.0, time.time(), lag=5).level is Level.WARN  # caught up
     fixed = check_latency(batches, 1.0, time.time(), lag=9_990, fixed_size=10)
     assert fixed.level is Level.WARN and "fixed at 10" in fixed.message
-    crawling = check_latency(batches, 0.01, time.time(), lag=9_990, critical_factor=0.5)
+    crawling = check_latency(batches, 0.01, time.time(), lag=9_990, critical_factor=0.5)  # > 0.5 x 5 s
     assert crawling.level is Level.CRITICAL  # past the factor of the adaptive target too
+
+
+def test_a_short_trigger_does_not_page_for_a_small_batchs_fixed_cost():
+    now = time.time()
+    quick = [{"committed_at": now, "duration_ms": 400.0, "commit_ms": 5.0, "rows_read": 80}] * 3
+    assert check_latency(quick, 0.1, now).level is Level.OK  # back to back at 0.4 s: the floor
+    slow = [dict(b, duration_ms=1500.0) for b in quick]
+    assert check_latency(slow, 0.1, now).level is Level.WARN  # over the 1 s floor

@@ -7,6 +7,10 @@ import statistics
 from relay.config import ADAPTIVE_BATCH_S
 from relay.health.report import Check, Level, fmt_s, pct
 
+BATCH_FLOOR_S = 1.0
+"""A batch may take this long whatever the trigger: a shorter trigger (the latency mode) only runs
+batches back to back, and a small batch's fixed cost (~0.3-0.5 s on two cores) is not a finding."""
+
 
 def check_latency(
     batches: list[dict],
@@ -53,6 +57,7 @@ def check_latency(
         "check checkpoint and ledger storage latency and the batch size (RELAY_MAX_OFFSETS_PER_TRIGGER); "
         "or raise RELAY_TRIGGER_SECONDS"
     )
+    trig = max(trig, BATCH_FLOOR_S * 1000)  # a 0.1 s trigger runs batches back to back: no page for that
     if fixed_size is None and lag is not None and lag > data["rows"]["median"]:
         trig = max(trig, ADAPTIVE_BATCH_S * 1000)  # catching up: long batches on purpose
         text += f"; catching up ({lag:,} behind)"
