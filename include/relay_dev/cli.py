@@ -121,7 +121,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
         "--trigger-seconds",
         type=float_above(0, 60),
         default=None,
-        help="the pipelines' trigger (default: Relay's, 1 s); e.g. 0.1 for the latency mode",
+        help="every pipeline's trigger (default 1 s in the counter's sections, Relay's in pipeline, latency)",
     )
     bn.add_argument(
         "--only",

@@ -64,7 +64,7 @@ def values(argv: list[str]) -> tuple[str | None, str]:
 
 def test_nothing_set_means_relays_default_and_no_operator_setting(tmp_path: Path) -> None:
     cfg = load_config({"RELAY_DATA_DIR": str(tmp_path)})
-    assert (cfg.max_offsets_per_trigger, cfg.trigger_seconds) == (None, 1.0)  # adaptive batches
+    assert (cfg.max_offsets_per_trigger, cfg.trigger_seconds) == (None, 0.1)  # adaptive batches
     assert operator_limits(cfg) == ()
     assert operator_limits(RelayConfig().with_(max_offsets_per_trigger=5000)) == (), (
         "with_ is not the operator"
@@ -111,12 +111,12 @@ def test_another_pipelines_file_keys_do_not_make_this_one_declared(tmp_path: Pat
 @pytest.mark.parametrize(
     ("table", "env", "argv_values", "declared"),
     [
-        ("", {}, (None, "1.0"), ""),
-        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "auto"}, (None, "1.0"), LIMIT),
-        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, ("300", "1.0"), LIMIT),
+        ("", {}, (None, "0.1"), ""),
+        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "auto"}, (None, "0.1"), LIMIT),
+        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, ("300", "0.1"), LIMIT),
         ("", {"RELAY_TRIGGER_SECONDS": "4"}, (None, "4.0"), TRIGGER),
-        ("max_offsets_per_trigger = 500\n", {}, ("500", "1.0"), LIMIT),
-        ("max_offsets_per_trigger = 500\n", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, ("500", "1.0"), LIMIT),
+        ("max_offsets_per_trigger = 500\n", {}, ("500", "0.1"), LIMIT),
+        ("max_offsets_per_trigger = 500\n", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, ("500", "0.1"), LIMIT),
         ("max_offsets_per_trigger = 500\ntrigger_seconds = 0\n", {}, ("500", "0.0"), f"{LIMIT},{TRIGGER}"),
     ],
 )
@@ -149,7 +149,7 @@ def test_the_driver_gets_the_command_line_it_always_got(tmp_path: Path) -> None:
     args = pipeline_driver.parse_args(argv)
     assert (args.max_offsets_per_trigger, args.trigger_seconds) == (500, 3.0)
     programmatic = RelayConfig(data_dir=tmp_path).with_(max_offsets_per_trigger=5000)  # tests, bench
-    assert values(driver_args(programmatic, INSTANCE, supervised=True)) == ("5000", "1.0")
+    assert values(driver_args(programmatic, INSTANCE, supervised=True)) == ("5000", "0.1")
 
 
 # -- what the driver applies -----------------------------------------------------------------------
@@ -191,14 +191,14 @@ def test_the_driver_reads_the_operators_names_and_ignores_unknown_ones() -> None
 @pytest.mark.parametrize(
     ("table", "env", "pkg", "expected"),
     [
-        ("", {}, package(), (None, 1.0)),  # Relay's default: adaptive
-        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "auto"}, package(2000), (None, 1.0)),  # the operator's auto
+        ("", {}, package(), (None, 0.1)),  # Relay's default: adaptive
+        ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "auto"}, package(2000), (None, 0.1)),  # the operator's auto
         ("", {}, package(2000, 0.5), (2000, 0.5)),  # the package's beats the default
         ("max_offsets_per_trigger = 500\n", {}, package(2000, 0.5), (500, 0.5)),  # the file's beats it
         ("", {"RELAY_MAX_OFFSETS_PER_TRIGGER": "300"}, package(2000, 0.5), (300, 0.5)),  # so does the env
         ("", {"RELAY_TRIGGER_SECONDS": "3"}, package(2000, 0.5), (2000, 3.0)),
         ("trigger_seconds = 0\n", {}, package(2000, 0.5), (2000, 0.0)),  # 0 set by the operator: kept
-        ("max_offsets_per_trigger = 20000\n", {}, package(2000), (20000, 1.0)),  # the default, declared
+        ("max_offsets_per_trigger = 20000\n", {}, package(2000), (20000, 0.1)),  # the default, declared
     ],
 )
 def test_launcher_to_driver(

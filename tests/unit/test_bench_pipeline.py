@@ -125,10 +125,12 @@ def test_variant_config_forces_no_limit_by_default_and_the_operators_at_best() -
     assert operator_limits(default) == ()  # the package's value (or Relay's) applies
     assert default.max_offsets_per_trigger == RelayConfig().max_offsets_per_trigger
     assert default.trigger_seconds == RelayConfig().trigger_seconds
-    # relay bench --trigger-seconds 0.1: that trigger stays the operator's, the size Relay's
-    fast = load_config({"RELAY_MAX_OFFSETS_PER_TRIGGER": "10000", "RELAY_TRIGGER_SECONDS": "0.1"})
-    latency_mode = variant_config(fast, "ju_latency", "json_upsert", "sqlite:///x.db", None)
-    assert operator_limits(latency_mode) == ("trigger_seconds",) and latency_mode.trigger_seconds == 0.1
+    # relay bench --trigger-seconds 0.25: that trigger stays the operator's, the size Relay's
+    fast = load_config({"RELAY_MAX_OFFSETS_PER_TRIGGER": "10000", "RELAY_TRIGGER_SECONDS": "0.25"})
+    latency_mode = variant_config(
+        fast, "ju_latency", "json_upsert", "sqlite:///x.db", None, keep_trigger=True
+    )
+    assert operator_limits(latency_mode) == ("trigger_seconds",) and latency_mode.trigger_seconds == 0.25
     assert latency_mode.max_offsets_per_trigger == RelayConfig().max_offsets_per_trigger
     best = variant_config(base, "ju_cold_200000", "json_upsert", "sqlite:///x.db", 200_000)
     assert best.max_offsets_per_trigger == 200_000 and "max_offsets_per_trigger" in operator_limits(best)

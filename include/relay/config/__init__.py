@@ -117,7 +117,10 @@ class RelayConfig:
     """Scheduling slots of the embedded worker (not CPUs): two pipelines (a driver and an executor
     each) and one upgrade's green fit in the defaults (see relay.spark.capacity)."""
     worker_memory: str = "3g"
-    trigger_seconds: float = 1.0
+    trigger_seconds: float = 0.1
+    """Seconds between micro-batch starts: 0.1 runs small batches back to back when records arrive
+    (latency: p50 333 ms against 789 ms at 1 s, at 1,000 msg/s); an idle trigger costs two Kafka
+    look-ups and no ledger transaction (issue #31)."""
     max_offsets_per_trigger: int | None = None
     """A fixed batch size in offsets. None (the default): each batch is sized from the lag and its
     measured cost, up to a bound from the executors' memory (``spark_jobs/batch_sizing.py``)."""
@@ -279,7 +282,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
     # RELAY_OPERATOR_LIMITS names which are: relay.config.env hands on every value, Relay's defaults
     # included, and names the ones its configuration's operator set.
     operator_set = named_limits(env.get(OPERATOR_LIMITS_ENV, ",".join(BATCH_LIMITS)))
-    trigger = env.get("RELAY_TRIGGER_SECONDS", "1")
+    trigger = env.get("RELAY_TRIGGER_SECONDS", "0.1")
     try:
         trigger_seconds = float(trigger)
     except ValueError:

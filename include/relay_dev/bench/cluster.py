@@ -43,7 +43,7 @@ def bench_config(data_dir: Path, options: BenchOptions, host: str = "127.0.0.1")
         "RELAY_TOPIC": TOPIC,
         "RELAY_PARTITIONS": str(options.partitions),
         "RELAY_MAX_OFFSETS_PER_TRIGGER": str(options.max_offsets_per_trigger),
-        "RELAY_TRIGGER_SECONDS": str(options.trigger_seconds),
+        "RELAY_TRIGGER_SECONDS": str(options.trigger_seconds or 1.0),
     }
     return load_config(env)
 

@@ -39,7 +39,9 @@ class BenchOptions:
     recovery_messages: int = 3000
     quick: bool = False
     only: tuple[str, ...] = SECTIONS
-    trigger_seconds: float = 1.0  # every pipeline's trigger (RELAY_TRIGGER_SECONDS), Relay's default
+    trigger_seconds: float | None = None
+    """``--trigger-seconds``: every pipeline's trigger. None: 1 s for the counter's sections (what
+    ``overhead`` and ``smallbatch`` describe), Relay's default for ``pipeline`` and ``latency``."""
 
     @classmethod
     def build(cls, quick: bool = False, messages: int | None = None, only: str | None = None) -> BenchOptions:

@@ -97,7 +97,7 @@ def limit_label(limit: int | None) -> str:
 
 
 def variant_config(
-    base: RelayConfig, name: str, topic: str, ledger_url: str, limit: int | None
+    base: RelayConfig, name: str, topic: str, ledger_url: str, limit: int | None, keep_trigger: bool = False
 ) -> RelayConfig:
     """The bench's configuration for one deploy. ``limit``: the operator's read limit. None: no batch
     setting of the operator's (the bench's RELAY_* ones dropped), Relay's own values, so the
@@ -109,7 +109,7 @@ def variant_config(
             max_offsets_per_trigger=limit, limits_from_env=tuple(n for n in BATCH_LIMITS if n in named)
         )
     defaults = {f.name: f.default for f in dataclasses.fields(RelayConfig) if f.name in BATCH_LIMITS}
-    if cfg.trigger_seconds != defaults["trigger_seconds"]:  # relay bench --trigger-seconds: the operator's
+    if keep_trigger:  # relay bench --trigger-seconds: the operator's
         defaults.pop("trigger_seconds")
         return cfg.with_(limits_from_env=("trigger_seconds",), limits_from_file=(), **defaults)
     return cfg.with_(limits_from_env=(), limits_from_file=(), **defaults)
@@ -247,7 +247,7 @@ def deployed(
     from relay.operations.deploy import deploy
     from relay.operations.stop import stop
 
-    cfg = variant_config(ctx.config, name, topic, ledger_url, limit)
+    cfg = variant_config(ctx.config, name, topic, ledger_url, limit, ctx.options.trigger_seconds is not None)
     package = package_variant(ctx.work_dir / "pipeline-code", name, limit, None if topic == TOPIC else topic)
     build_artifact(cfg, f"{name}-v1", pipeline_code=package)
     # the sink's URL where deploy runs: the launcher hands it to the driver's environment
