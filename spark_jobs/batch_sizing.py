@@ -19,7 +19,6 @@ something about the pipeline's speed; a batch that took all there was says only 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 from relay.config import ADAPTIVE_BATCH_S
@@ -30,21 +29,15 @@ TARGET_S = ADAPTIVE_BATCH_S  # a batch while behind aims at this: bounded replay
 ROW_BYTES = 1024  # memory one row may take in a task, Arrow and the sink's buffers included (generous)
 MEMORY_SHARE = 0.4  # of the executors' memory, for one batch's rows
 MAX_MEMORY_ROWS = 2_000_000  # whatever the memory: a batch that big is minutes of replay
+SPARK_DEFAULT_MEMORY = "1g"  # spark.executor.memory / spark.driver.memory when none is set
 
 
-def parse_memory(text: str) -> int:
-    """Spark's memory string (``512m``, ``2g``, ``1024k``, bytes) in bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", text.lower())
-    if not match:
-        raise ValueError(f"not a Spark memory size: {text!r}")
-    power = " kmgt".index(match.group(2) or " ")
-    return int(match.group(1)) * 1024**power
-
-
-def memory_cap_rows(executor_memory: str, executors: int = 1) -> int:
+def memory_cap_rows(executor_memory: str = SPARK_DEFAULT_MEMORY, executors: int = 1) -> int:
     """The most rows one batch may hold when the operator set no limit: ``MEMORY_SHARE`` of the
     executors' memory at ``ROW_BYTES`` a row (512m, one executor: 209,715 rows)."""
-    rows = int(parse_memory(executor_memory) * max(1, executors) * MEMORY_SHARE / ROW_BYTES)
+    from relay.spark.capacity import memory_mb  # Spark's memory strings, read once for capacity too
+
+    rows = int(memory_mb(executor_memory) * 2**20 * max(1, executors) * MEMORY_SHARE / ROW_BYTES)
     return max(MIN_ROWS, min(MAX_MEMORY_ROWS, rows))
 
 

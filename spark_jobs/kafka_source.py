@@ -130,7 +130,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest_seen: tuple[float, PartitionOffsets] | None = None  # for reportLatestOffset
         self._outage = Outage("the source's planning")  # Kafka or the ledger briefly away
         fixed = settings.max_offsets_per_trigger is not None
-        self._sizer = None if fixed else BatchSizer(settings.batch_cap_rows or memory_cap_rows("1g"))
+        self._sizer = None if fixed else BatchSizer(settings.batch_cap_rows or memory_cap_rows())
 
     def __getstate__(self) -> dict[str, Any]:
         """The reader is pickled to executors for read(); a live consumer must not travel along."""

@@ -172,14 +172,14 @@ def session_task_slots(conf: Mapping[str, str], master: str) -> int | None:
 def session_batch_cap(conf: Mapping[str, str], master: str) -> int:
     """:func:`batch_sizing.memory_cap_rows` of the session's executors (the driver's in local mode:
     the executor runs inside it); Spark's default memory, 1g, where none is set."""
-    from batch_sizing import memory_cap_rows
+    from batch_sizing import SPARK_DEFAULT_MEMORY, memory_cap_rows
 
     if master.strip().lower().startswith("local"):
-        return memory_cap_rows(conf.get("spark.driver.memory") or "1g")
+        return memory_cap_rows(conf.get("spark.driver.memory") or SPARK_DEFAULT_MEMORY)
     cores = _positive(conf.get("spark.cores.max"))
     per_executor = _positive(conf.get("spark.executor.cores")) or 1
     executors = max(1, cores // per_executor) if cores else 1
-    return memory_cap_rows(conf.get("spark.executor.memory") or "1g", executors)
+    return memory_cap_rows(conf.get("spark.executor.memory") or SPARK_DEFAULT_MEMORY, executors)
 
 
 def _positive(raw: str | None) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import batch_sizing
 import pytest
-from batch_sizing import GROWTH, MIN_ROWS, BatchSizer, memory_cap_rows, parse_memory
+from batch_sizing import GROWTH, MIN_ROWS, BatchSizer, memory_cap_rows
 from kafka_source_options import SourceSettings, session_batch_cap
 
 CAP = 200_000
@@ -64,20 +64,6 @@ def test_caught_up_batches_say_nothing_about_speed() -> None:
     assert sizer.limit(600.0) == CAP  # ten minutes idle is not a slow batch
     sizer.planned(601.0, 0)  # no batch at all
     assert sizer.limit(900.0) == CAP and sizer.measured == 1
-
-
-@pytest.mark.parametrize(
-    ("text", "size"),
-    [("512m", 512 * 2**20), ("2g", 2 * 2**30), ("1024k", 2**20), ("4096", 4096), (" 1G ", 2**30)],
-)
-def test_spark_memory_strings(text: str, size: int) -> None:
-    assert parse_memory(text) == size
-
-
-@pytest.mark.parametrize("text", ["", "lots", "1.5g", "-1g", "12q"])
-def test_bad_memory_strings_are_refused(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_memory(text)
 
 
 def test_the_cap_follows_the_executors_memory() -> None:
