@@ -284,11 +284,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start if end == start else end
 
     def _size_seen(self, begin: PartitionOffsets, until: PartitionOffsets | None) -> None:
-        """Tell the sizer what was planned; log each change of size and why (the driver's log)."""
+        """Tell the sizer what was planned; log each full batch's size and why (the driver's log)."""
         before = self._sizer.rows
         rows = sum(max(0, end - begin.get(tp, end)) for tp, end in (until or {}).items())
         self._sizer.planned(time.monotonic(), rows)
-        if self._sizer.rows != before or rows >= before:
+        if rows >= before:  # a full batch: its size was the limit (limit() chose it, and why)
             log.info("batch of %s offsets (limit %s: %s)", f"{rows:,}", f"{before:,}", self._sizer.reason)
 
     def _plan(self, plan: Callable[[Any], PartitionOffsets | None]) -> PartitionOffsets | None:
