@@ -67,7 +67,6 @@ HANDOFF_PATTERN = rf'^(?:latest|\s*\{{\s*"{_TOPIC}"\s*:\s*{_JSON_OFFSETS}\s*\}}\
 STRATEGIES = ("earliest", "latest", "timestamp", "offsets")
 
 
-#: A counter (the seeds' counter's key) in its one canonical form: ASCII ``0`` or ``[1-9][0-9]*``, no
 def short_repr(value: object, limit: int = 60) -> str:
     """``repr`` cut to ``limit`` characters: one readable line whatever the operator typed."""
     text = repr(value)

@@ -9,6 +9,7 @@ import re
 
 from relay.config.inputs import short_repr
 
+#: A counter (the seeds' counter's key) in its one canonical form: ASCII ``0`` or ``[1-9][0-9]*``, no
 #: sign, space, underscore or other digits, and at most 2^63-1 (Spark's LongType, PostgreSQL BIGINT).
 #: ``int()`` is far more lenient (`` 42 ``, ``+7``, ``4_4``, ``٤٢``, ``-0``): never parse counters with it.
 COUNTER_MAX = 2**63 - 1
