@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from relay.errors import DataLossError
+from relay.errors import DataLossError, RelayError
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import Attempt, AttemptState
 from relay.ledger.store import Ledger
@@ -142,3 +142,19 @@ def ship_artifact(spark: Any) -> None:
     zip_path = os.environ.get(ARTIFACT_ZIP_ENV)
     if zip_path:
         spark.sparkContext.addPyFile(zip_path)
+
+
+def start_heartbeat(ledger: Ledger, attempt_id: int, every_s: float = 1.0) -> None:
+    """Heartbeat from the attempt's first second (session start-up takes 10-30 s), each second: a
+    copy of the submission is told from a relaunch, and a hot standby (``hot_standby``) tells a
+    dead active from a live one, by whether this driver beats."""
+
+    def beat() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                ledger.heartbeat(attempt_id)
+            except RelayError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    threading.Thread(target=beat, name="relay-heartbeat", daemon=True).start()

@@ -18,7 +18,6 @@ import argparse
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,13 @@ from driver_checks import (
     crash_loop,
     jvm_gone,
     ship_artifact,
+    start_heartbeat,
     starting_offsets,
     warm_up_executors,
     warm_up_in_background,
 )
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
+from hot_standby import start_watch
 from query_progress import log_progress, log_startup
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
 from relay.kafka.identity import Marker, TopicChangedError, check_identity
@@ -44,6 +45,7 @@ from relay.ledger.models import AttemptState, Instance, InstanceState, Offsets
 from relay.ledger.outage import Outage
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
 from relay.protocol.checkpoint import planned_offsets
+from relay.protocol.failover import HOT_STANDBY
 from relay.spark.standby_priority import standby_nice
 from standby_cpu import StandbyCpu
 from warm_up_batch import rehearse
@@ -145,7 +147,7 @@ class DriverRuntime:
             self.attempt = attempt = ledger.start_attempt(
                 inst.id, os.environ.get(LAUNCH_TOKEN_ENV), own_driver_id(), wait_s=2 * DRIVER_ALIVE_S
             )
-            self._start_heartbeat()
+            start_heartbeat(ledger, attempt.id)
         except ZombieAttemptError as exc:  # refused copy, or an instance fenced/stopped meanwhile
             log.error("not starting: %s", exc)
             return no_retry_exit(args, 4)
@@ -215,6 +217,8 @@ class DriverRuntime:
             warm_up_in_background(spark, self.source_options())
         query = self._start_query(spark)
         log_startup("query started")
+        if inst.role == HOT_STANDBY and self.standby:  # takes the active's place when it dies
+            start_watch(ledger, inst.id, inst.pipeline)
         return self._supervise(query)
 
     def mark_ready(self) -> None:
@@ -231,20 +235,6 @@ class DriverRuntime:
             except RelayError as exc:  # the ledger is away: the next attempt supersedes this one
                 log.error("could not record the end of attempt %s: %s", self.attempt.id, exc)
         return code
-
-    def _start_heartbeat(self, every_s: float = 3.0) -> None:
-        """Heartbeat from the attempt's first second (session start-up takes 10-30 s): a copy of the
-        submission is told from a relaunch by whether this driver is alive."""
-
-        def beat() -> None:
-            while True:
-                time.sleep(every_s)
-                try:
-                    self.ledger.heartbeat(self.attempt.id)
-                except RelayError as exc:
-                    log.warning("heartbeat failed: %s", exc)
-
-        threading.Thread(target=beat, name="relay-heartbeat", daemon=True).start()
 
     def _live_predecessors(self) -> list[int]:
         """Attempts of this instance that still heartbeat: the new attempt fences them."""

@@ -75,6 +75,7 @@ from relay.pipeline.tasks import (  # noqa: E402
     whole_source_partitions,
 )
 from relay.protocol.commit import commit_riding_out  # noqa: E402
+from relay.protocol.failover import HOT_STANDBY  # noqa: E402
 from relay.protocol.predecessors import PredecessorCache, SourcePredecessors  # noqa: E402
 from relay.protocol.prepare import Ranges, prepare_tasks  # noqa: E402
 from relay.sinks.base import ExecutorSink, FencedWriteError, TaskContext, TaskResult  # noqa: E402
@@ -183,6 +184,8 @@ class PipelineDriver(DriverRuntime):
             except ConfigError as exc:
                 raise PipelineError(str(exc)) from exc
             self.shadow = self.instance.state.standby
+            if self.shadow and self.instance.role == HOT_STANDBY:  # its shadow reads pass the cursors
+                raise PipelineError(f"pipeline {p.name} is stateful: it can't have a hot standby (yet)")
         if not isinstance(sink, ForEachBatch):
             try:
                 sink.prepare(p.name)

@@ -61,6 +61,16 @@ def cmd_stop(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return stop(cfg, timeout_s=a.timeout, local=a.local, progress=_say)
 
 
+def cmd_standby(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """Start the pipeline's hot standby when it wants one and has none; its failovers."""
+    from relay.ledger.store import Ledger
+    from relay.operations.standby import ensure_standby, failovers
+
+    ledger = Ledger(cfg.ledger_url)
+    standby = ensure_standby(cfg, ledger, progress=_say)
+    return {"pipeline": cfg.pipeline, **standby, "failovers": failovers(ledger, cfg.pipeline)}
+
+
 def cmd_status(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.operations.status import status_view
 
@@ -204,6 +214,7 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "recover": cmd_recover,
     "health": cmd_health,
     "pipelines": cmd_pipelines,
+    "standby": cmd_standby,
 }
 
 
@@ -331,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="first relaunch an ACTIVE instance whose driver Spark will never run again (as the DAG does)",
     )
     sub.add_parser("pipelines", help="the declared pipelines and their state in the ledger")
+    sub.add_parser("standby", help='start a hot standby if the pipeline wants one (standby = "hot")')
     _add_dev_commands(sub)
     return p
 

@@ -65,6 +65,16 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be true or false, got {env.get(name)!r}")
 
 
+STANDBY_MODES = ("none", "hot")
+
+
+def standby_mode(raw: str | None, where: str) -> str:
+    value = (raw or "none").strip().lower()
+    if value not in STANDBY_MODES:
+        raise ConfigError(f"{where} must be one of {', '.join(STANDBY_MODES)}, got {raw!r}")
+    return value
+
+
 ADAPTIVE_BATCH_S = 5.0
 """What a batch aims to take while the pipeline is behind, when no batch size is fixed
 (``spark_jobs/batch_sizing.py``); health expects batches that long while it catches up."""
@@ -145,6 +155,10 @@ class RelayConfig:
     standby_nice: int = 10
     """The CPU priority (nice) a warm standby's driver and executors run at until the handoff, so
     green's start-up does not slow blue on a shared host (``RELAY_STANDBY_NICE``; 0 = unchanged)."""
+    standby: str = "none"
+    """``hot``: a second instance of the running version waits warm and takes the active's place
+    within seconds when it dies (relay.protocol.failover); ``RELAY_STANDBY`` or the pipelines
+    file's ``standby``. ``none``: a dead driver is relaunched by Spark (15-70 s)."""
     heal: bool = True
     """The health check relaunches an ACTIVE instance whose driver Spark will never run again
     (``RELAY_HEAL``; see relay.operations.heal)."""
@@ -314,6 +328,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         keep_versions=_int(env, "RELAY_KEEP_VERSIONS", 5, MIN_KEEP_VERSIONS, 1000),
         standby_nice=_int(env, "RELAY_STANDBY_NICE", 10, 0, 19),
         heal=_bool(env, "RELAY_HEAL", True),
+        standby=standby_mode(env.get("RELAY_STANDBY"), "RELAY_STANDBY"),
         artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
         checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
         worker_spark_dir=_path(env, "RELAY_WORKER_SPARK_DIR"),

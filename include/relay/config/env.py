@@ -43,6 +43,7 @@ def config_env(config: RelayConfig) -> dict[str, str]:
         "RELAY_KEEP_VERSIONS": str(config.keep_versions),
         "RELAY_STANDBY_NICE": str(config.standby_nice),
         "RELAY_HEAL": "true" if config.heal else "false",
+        "RELAY_STANDBY": config.standby,
         "RELAY_ARTIFACT_STORE": config.artifact_store,
     }
     if config.checkpoint_root is not None:

@@ -15,6 +15,7 @@ from relay.health.checks_batches import check_dead_letters, check_latency
 from relay.health.checks_instance import check_driver, check_single_instance
 from relay.health.checks_kafka import check_identity, check_lag, check_retention
 from relay.health.checks_progress import check_progress, cursor_moves, earliest_rates, produce_rates
+from relay.health.checks_standby import check_standby
 from relay.health.report import (
     REFUSAL_WINDOW_S,
     REPORT_KIND,
@@ -96,6 +97,7 @@ def run_health(
         config, ledger, now, th, inventory=inventory, heal=heal, offsets=offsets, timestamps=timestamps
     )
     checks, run_state = _instance_checks(config, ledger, v, th)
+    checks += _standby_checks(config, ledger, v, heal)
     checks += _kafka_checks(config, ledger, v, th, run_state, retention_ms)
     checks.append(
         _guard(
@@ -136,6 +138,24 @@ def run_health(
     if persist:
         _persist(ledger, report)
     return report
+
+
+def _standby_checks(config: RelayConfig, ledger: Ledger, v: Views, heal: bool) -> list[Check]:
+    """The hot standby (started first with ``heal``) and the failovers; none for a pipeline that
+    never had a standby."""
+    from relay.operations.standby import ensure_standby, failovers
+
+    done = failovers(ledger, config.pipeline)
+    if config.standby != "hot" and not done:
+        return []
+    started = None
+    if heal and config.heal and config.standby == "hot":
+        try:
+            started = ensure_standby(config, ledger)
+        except RelayError as exc:
+            started = {"standby": "hot", "instance": None, "started": False, "reason": str(exc)}
+    since = float(v.previous[0]["created_at"]) if v.previous else 0.0
+    return [check_standby(ledger.instances(config.pipeline), done, started, since)]
 
 
 def _total_lag(offsets: list[dict] | None) -> int | None:

@@ -20,7 +20,7 @@ LAUNCH_TOKEN_ENV = "RELAY_LAUNCH_TOKEN"
 """The environment variable that carries a submission's launch token to its driver (never argv)."""
 
 DRIVER_ALIVE_S = 15.0
-"""A RUNNING attempt whose heartbeat is younger than this is alive (drivers heartbeat every 3 s)."""
+"""A RUNNING attempt whose heartbeat is younger than this is alive (drivers heartbeat every second)."""
 
 
 class AttemptsMixin(LedgerBase):

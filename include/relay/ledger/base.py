@@ -62,6 +62,7 @@ def instance_from_row(row: Row) -> Instance:
         error=m["error"],
         created_at=m["created_at"],
         updated_at=m["updated_at"],
+        role=m["role"],
     )
 
 
@@ -149,6 +150,7 @@ class LedgerBase:
         checkpoint_dir: str,
         app_name: str,
         state: InstanceState = InstanceState.STARTING,
+        role: str | None = None,
     ) -> Instance:
         self.ensure_pipeline(pipeline, conn)
         now = time.time()
@@ -164,6 +166,7 @@ class LedgerBase:
                 app_name=app_name,
                 created_at=now,
                 updated_at=now,
+                role=role,
             )
         ).inserted_primary_key[0]
         return self.instance(new_id, conn)
@@ -218,8 +221,8 @@ class LedgerBase:
         """Ask the instance's drivers to stop between batches (read by the source and the driver)."""
         self.set_instance(instance_id, stop_requested=True)
 
-    def fence(self, instance_id: int, reason: str) -> None:
+    def fence(self, instance_id: int, reason: str, conn: Connection | None = None) -> None:
         """Make every attempt of the instance a zombie: none of them can commit again."""
-        self.set_instance(instance_id, state=InstanceState.FENCED, error=reason)
+        self.set_instance(instance_id, conn, state=InstanceState.FENCED, error=reason)
 
     # ---------------------------------------------------------------------------- attempts

@@ -66,6 +66,8 @@ class Instance:
     error: str | None
     created_at: float
     updated_at: float
+    role: str | None = None
+    """``hot-standby`` for a pipeline's hot standby (relay.protocol.failover), else None."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

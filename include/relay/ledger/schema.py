@@ -67,6 +67,9 @@ instances = Table(
     # the highest end offset the instance's source ever planned, {"topic": {"partition": end}},
     # recorded under the row lock before Spark can run the batch; the handoff takes H at or above it.
     Column("planned_ends", JSON),
+    # "hot-standby": a second instance of the running version that takes over when the active dies
+    # (relay.protocol.failover); NULL for every other instance (an upgrade's green included).
+    Column("role", String(20)),
 )
 Index("ix_instances_pipeline_state", instances.c.pipeline, instances.c.state)
 
@@ -236,6 +239,7 @@ counter's tables (now its sink's); a ledger of those versions is refused: create
 # Migrations after the baseline (version BASELINE + 1, + 2, ...): append, never edit an applied one.
 MIGRATIONS: list[Callable[[Connection], None]] = [
     lambda conn: partition_marks.create(conn, checkfirst=True),  # 8: topic identity
+    lambda conn: conn.exec_driver_sql("ALTER TABLE instances ADD COLUMN role VARCHAR(20)"),  # 9: hot standby
 ]
 SCHEMA_VERSION = BASELINE + len(MIGRATIONS)
 

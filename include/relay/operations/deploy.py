@@ -190,8 +190,10 @@ def deploy(
     first = wait_until_active(config, ledger, submitted["instance_id"], wait_s, progress)
     progress(f"instance {submitted['instance_id']} is {first.state} after {first.seconds:.1f}s")
     started_at = submitted.pop("started_at")
-    return {
-        **submitted,
-        "first_commit_s": round(first.seconds, 2),
-        "total_s": round(time.time() - started_at, 2),
-    }
+    total_s = round(time.time() - started_at, 2)
+    out = {**submitted, "first_commit_s": round(first.seconds, 2), "total_s": total_s}
+    if config.standby == "hot":  # after the first commit: the standby waits beside an ACTIVE instance
+        from relay.operations.standby import ensure_standby
+
+        out["standby"] = ensure_standby(config, ledger, local, progress)
+    return out

@@ -19,6 +19,7 @@ from relay.errors import OperationError
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_steps as steps
 from relay.operations.inventory import take_inventory
+from relay.operations.standby import stop_standbys
 from relay.operations.upgrade_plan import judge_blue
 from relay.operations.upgrade_state import check_gates
 from relay.operations.upgrade_state import noop as _noop
@@ -99,6 +100,7 @@ def _preflight(
     local: bool,
     progress: Progress,
 ) -> dict:
+    stop_standbys(config, ledger, progress)  # green is the one instance that waits beside blue
     inv = take_inventory(config, ledger)
     blocked: list[str] = []
     blue = judge_blue(config, inv, local, version, blocked, [])

@@ -27,6 +27,7 @@ from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import Inventory, take_inventory
+from relay.operations.standby import hot_standbys
 from relay.operations.upgrade_state import ALL_TERMINAL, check_gates, parse_handoff, resolved_max_lag
 from relay.spark.capacity import HOW_TO_MAKE_ROOM, Needs, room_problem
 
@@ -128,7 +129,11 @@ def judge_blue(
     upgrade must refuse go to ``blocked``. The plan shows them all; the preflight raises them."""
     if inv.master_error and not local:
         blocked.append(f"cannot check the Spark master: {inv.master_error}")
-    if len(inv.live) != 1 or inv.unknown_apps or (not local and not inv.master_error and len(inv.apps) != 1):
+    waiting = hot_standbys(inv.live)  # stopped by the preflight, before green starts
+    warnings += [f"hot standby {i.id} is stopped first; the next health check starts one" for i in waiting]
+    live = [i for i in inv.live if i not in waiting]
+    apps = [a for a in inv.apps if a.name not in {i.app_name for i in waiting}]
+    if len(live) != 1 or inv.unknown_apps or (not local and not inv.master_error and len(apps) != 1):
         blocked.append(
             f"an upgrade needs exactly one running instance of {config.pipeline}, found: {inv.describe()}"
         )
@@ -136,8 +141,8 @@ def judge_blue(
         f"instance {i.id} is live in the ledger but its driver is gone: the upgrade marks it FAILED first"
         for i in inv.dead
     ]
-    active = [i for i in inv.live if i.state is InstanceState.ACTIVE]
-    blue = active[0] if len(active) == 1 else inv.live[0] if len(inv.live) == 1 else None
+    active = [i for i in live if i.state is InstanceState.ACTIVE]
+    blue = active[0] if len(active) == 1 else live[0] if len(live) == 1 else None
     if blue is not None and blue.state is not InstanceState.ACTIVE:
         blocked.append(f"instance {blue.id} is {blue.state.value}, not ACTIVE")
     if blue is not None and blue.version == version:

@@ -14,6 +14,7 @@ from the environment, exactly as before::
     partitions = 3
     max_offsets_per_trigger = 20000
     trigger_seconds = 1.0
+    standby = "hot"                   # optional: a hot standby takes over a dead driver in seconds
 
     [pipelines.json_upsert]
     topic = "json_upsert"
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.config import BATCH_LIMITS
+from relay.config import BATCH_LIMITS, STANDBY_MODES, standby_mode
 from relay.config.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.errors import ConfigError
 
@@ -59,6 +60,7 @@ PIPELINE_KEYS = (
     "secret_env",
     "max_offsets_per_trigger",
     "trigger_seconds",
+    "standby",
     "spark",
 )
 #: ``[pipelines.<name>.spark]`` key -> (RelayConfig field, kind). Defaults: RelayConfig's.
@@ -192,6 +194,10 @@ def _pipeline(path: Path, name: str, table: Mapping[str, Any]) -> dict[str, Any]
         ):
             raise bad("trigger_seconds", f"must be a number of seconds in [0, {MAX_TRIGGER_S:g}]")
         out["trigger_seconds"] = float(value)
+    if "standby" in table:
+        if not isinstance(table["standby"], str):
+            raise bad("standby", f"must be one of {', '.join(STANDBY_MODES)}")
+        out["standby"] = standby_mode(table["standby"], f"{path}: {where}.standby")
     if "spark" in table:
         out.update(_spark(path, where, table["spark"]))
     # the operator's, so they beat the package's values (see the module's docstring)
