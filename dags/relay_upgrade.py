@@ -46,7 +46,9 @@ version; two upgrades never run at once.
 acts on, one of the declared ones: see the README's "Several pipelines"), `version` (the target
 version, a label as `relay.config.inputs.validate_version` defines it), `handoff` (`latest` or JSON
 `{"<topic>": {"0": 42}}`), `grace_seconds` (green READY), `catchup_seconds` and `max_lag` (the
-cutover gate; `max_lag` empty = one batch, maxOffsetsPerTrigger), `drain_timeout_seconds`.
+cutover gate; `max_lag` empty = one batch, maxOffsetsPerTrigger), `drain_timeout_seconds`, `executors`
+(green's executors, empty = blue's resources: with `version` set to the running version the run is a
+**scale**, `relay scale`'s exact handoff to other resources).
 
 **Retries: 1.** Safe: a retry reruns the step, which resumes the persisted upgrade where it stopped.
 
@@ -59,6 +61,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import Param, task
+from relay.config.bounds import MAX_CORES
 from relay.config.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PATTERN
 from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
@@ -104,6 +107,13 @@ with relay_dag(
             type=["null", "integer"],
             minimum=0,
             description="the cutover gate's lag bound in records (empty: one batch, maxOffsetsPerTrigger)",
+        ),
+        "executors": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            maximum=MAX_CORES,
+            description="green's executors (empty: blue's); with version = the running one, a scale",
         ),
         "drain_timeout_seconds": Param(
             600,

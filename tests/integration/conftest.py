@@ -31,8 +31,8 @@ def stack_env(data_dir: Path) -> dict[str, str]:
         "RELAY_SPARK_REST_PORT": str(free_port()),
         "RELAY_SPARK_WORKER_UI_PORT": str(free_port()),
         "RELAY_POSTGRES_PORT": str(free_port()),
-        "RELAY_WORKER_CORES": "4",
-        "RELAY_WORKER_MEMORY": "2g",
+        "RELAY_WORKER_CORES": "6",  # the embedded default: two pipelines, a standby or green
+        "RELAY_WORKER_MEMORY": "3g",
     }
 
 

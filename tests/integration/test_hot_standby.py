@@ -2,8 +2,9 @@
 PostgreSQL ledger with ``standby = "hot"``, under a steady load: the active's Python driver is
 SIGKILLed (the standby takes over, the master's relaunch of the dead driver is refused), a new
 standby starts, then a false alarm (the active's driver JVM and Python paused with SIGSTOP past the
-bound, then resumed: it exits as a zombie). The output is counted from outside with confluent-kafka
-``read_committed``: every kept input position exactly once.
+bound, then resumed: it exits as a zombie); then ``relay scale`` to 2 executors and back, the same
+exact handoff. The output is counted from outside with confluent-kafka ``read_committed``: every
+kept input position exactly once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from relay.config import RelayConfig
 from relay.ledger.models import AttemptState, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
+from relay.operations.inventory import master_apps
+from relay.operations.scale import scale
 from relay.operations.standby import ensure_standby, failovers
 from relay.operations.stop import stop
 from relay_dev.chaos.procs import read_proc
@@ -112,8 +115,22 @@ def test_a_hot_standby_takes_over_a_killed_and_a_paused_driver_with_each_record_
         )
         assert [f["to_instance"] for f in failovers(ledger, cfg.pipeline)] == [second, standby]
 
+        # 3. Scaling by the same handoff: to 2 executors and back, under the same load.
+        up = scale(cfg, 2, grace_s=300, drain_timeout_s=240)
+        assert up["state"] == "DONE" and up["resources_after"]["cores_max"] == 2, up
+        wide = ledger.instance(up["green_id"])
+        assert wide.resources == up["resources_after"] and wide.version == f"{cfg.pipeline}-h1"
+        wait_for("the scaled app to hold 2 cores", lambda: _cores(cfg, wide.app_name) == 2, timeout=60)
+        down = scale(cfg, 1, grace_s=300, drain_timeout_s=240)
+        assert down["state"] == "DONE" and ledger.instance(down["green_id"]).resources["cores_max"] == 1
+        last = down["green_id"]
+
     witness(cfg, ledger, output)  # every kept input position once, read by confluent-kafka
     owners = {lease.instance_id for lease in ledger.pipeline_leases(cfg.pipeline)}
-    assert owners == {first, standby, second}, owners
+    assert owners == {first, standby, second, up["green_id"], last}, owners
     stopped = stop(cfg, timeout_s=120)["stopped"]
-    assert [x["instance_id"] for x in stopped] == [second] and stopped[0]["graceful"]
+    assert [x["instance_id"] for x in stopped] == [last] and stopped[0]["graceful"]
+
+
+def _cores(cfg: RelayConfig, app_name: str) -> int | None:
+    return next((a.cores for a in master_apps(cfg, cfg.pipeline) if a.name == app_name), None)

@@ -134,21 +134,27 @@ def test_a_migration_after_the_baseline_runs_once(tmp_path: Path, monkeypatch: p
     assert ran == [1]
 
 
-def test_a_ledger_at_the_baseline_gets_the_partition_marks_table_and_the_role_column(tmp_path: Path) -> None:
+def test_a_ledger_at_the_baseline_gets_the_partition_marks_table_and_the_instance_columns(
+    tmp_path: Path,
+) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     Ledger(url, create=True).close()
     engine = create_engine(url)
     with engine.begin() as conn:  # as a ledger created before version 8 was
         s.partition_marks.drop(conn)
         conn.exec_driver_sql("ALTER TABLE instances DROP COLUMN role")
+        conn.exec_driver_sql("ALTER TABLE instances DROP COLUMN resources")
         conn.execute(s.schema_version.update().values(version=s.BASELINE))
     engine.dispose()
     ledger = Ledger(url)
     with ledger.tx() as conn:
         assert conn.execute(select(s.schema_version.c.version)).scalar() == s.SCHEMA_VERSION == 9
         assert conn.execute(select(s.partition_marks)).all() == []
-        inst = ledger.create_instance(conn, "p", "v1", Color.BLUE, "", "", role="hot-standby")
-    assert ledger.instance(inst.id).role == "hot-standby"
+        inst = ledger.create_instance(
+            conn, "p", "v1", Color.BLUE, "", "", role="hot-standby", resources={"cores_max": 2}
+        )
+    found = ledger.instance(inst.id)
+    assert (found.role, found.resources) == ("hot-standby", {"cores_max": 2})
     ledger.close()
 
 

@@ -22,7 +22,7 @@ from relay.artifacts import artifact, artifacts_dir, build_artifact, current_cod
 from relay.cli.render import iso_time, render
 from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError
-from relay.ledger.models import Instance, InstanceState
+from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations import upgrade_plan
 from relay.operations.upgrade_plan import plan_upgrade
@@ -495,3 +495,42 @@ def test_grace_is_described_as_the_warm_standby_wait(env: dict[str, str]) -> Non
         text = " ".join(run([command, "--help"], env).stdout.split())
         assert "seconds for green to report READY (warm standby)" in text
         assert "--catchup-timeout" in text and "--max-lag" in text and "--plan" in text
+
+
+# ------------------------------------------------------------------------ scale, hot standby
+def test_a_scale_is_the_running_version_with_other_resources_and_the_same_ones_block_it(
+    config: RelayConfig, ledger: Ledger, kafka: type[FakeKafka]
+) -> None:
+    from relay.operations.scale import scale, target_resources
+
+    b = blue(ledger, "v2")
+    now = config.resources()
+    assert target_resources(now, 3)["cores_max"] == 3 * now["executor_cores"]
+    with pytest.raises(ConfigError, match="executor memory must be a Spark size"):
+        target_resources(now, 2, executor_memory="lots")
+    with pytest.raises(ConfigError, match="executors must be an integer"):
+        target_resources(now, 0)
+    plan = scale(config, 2, plan=True, local=True)
+    assert plan["kind"] == "scale plan" and plan["blocked"] == []
+    assert (plan["resources_before"]["cores_max"], plan["resources_after"]["cores_max"]) == (1, 2)
+    same = scale(config, now["cores_max"], plan=True, local=True)
+    assert same["blocked"] == [f"instance {b.id} already runs with {now}"]
+    # An instance keeps what a scale gave it: a scale back is measured from there.
+    ledger.set_instance(b.id, resources={"cores_max": 2})
+    assert scale(config, 2, plan=True, local=True)["blocked"] == [
+        f"instance {b.id} already runs with {config.with_resources({'cores_max': 2}).resources()}"
+    ]
+    assert scale(config, 1, plan=True, local=True)["blocked"] == []
+
+
+def test_a_waiting_hot_standby_does_not_block_an_upgrade_it_is_stopped_first(
+    config: RelayConfig, ledger: Ledger, kafka: type[FakeKafka]
+) -> None:
+    blue(ledger, "v1")
+    with ledger.tx() as conn:
+        standby = ledger.create_instance(
+            conn, P, "v1", Color.GREEN, "", f"relay-{P}-9", InstanceState.READY, role="hot-standby"
+        )
+    plan = plan_upgrade(config, "v2", local=True)
+    assert plan["blocked"] == []
+    assert f"hot standby {standby.id} is stopped first; the next health check starts one" in plan["warnings"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from relay.cli.args import OneLineErrorParser, float_above, handoff_arg, int_at_least, version_arg
 from relay.config import RelayConfig, load_config
-from relay.config.bounds import MAX_LAG, MAX_RATE
+from relay.config.bounds import MAX_CORES, MAX_LAG, MAX_RATE
 from relay.config.inputs import (  # noqa: F401 - parse_* re-exported: callers imported them from here
     parse_partition_offsets,
     parse_time_ms,
@@ -145,6 +145,13 @@ def cmd_upgrade(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return upgrade(cfg, a.version, progress=_say, **_gates(a))
 
 
+def cmd_scale(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """The running version moved to other Spark resources through the upgrade's exact handoff."""
+    from relay.operations.scale import scale
+
+    return scale(cfg, a.executors, a.executor_cores, a.executor_memory, _say, a.plan, **_gates(a))
+
+
 def cmd_rollback(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     from relay.operations.rollback import plan_rollback, rollback
 
@@ -215,6 +222,7 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "health": cmd_health,
     "pipelines": cmd_pipelines,
     "standby": cmd_standby,
+    "scale": cmd_scale,
 }
 
 
@@ -321,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("upgrade", help="blue-green upgrade to another version (resumes one in progress)")
     u.add_argument("--version", type=version_arg, required=True)
     _upgrade_options(u)
+    sc = sub.add_parser("scale", help="move the running version to N executors (an exact handoff)")
+    sc.add_argument("--executors", type=int_at_least(1, MAX_CORES), required=True)
+    sc.add_argument("--executor-cores", type=int_at_least(1, MAX_CORES), help="default: unchanged")
+    sc.add_argument("--executor-memory", help="a Spark size such as 1g (default: unchanged)")
+    _upgrade_options(sc)
     rb = sub.add_parser("rollback", help="upgrade back to the version that ran before (or --to VERSION)")
     rb.add_argument("--to", type=version_arg, help="default: the version the running one replaced")
     _upgrade_options(rb)
@@ -396,8 +409,8 @@ def exit_code(args: argparse.Namespace, result: Any) -> int:
         return 3
     if args.command == "health" and result["status"] == HEALTH_CRITICAL:
         return 2  # a cron job or a CI step alerts on the exit code, as the DAG's task fails
-    if args.command in ("upgrade", "rollback") and args.plan:
+    if args.command in ("upgrade", "rollback", "scale") and args.plan:
         return PLAN_BLOCKED if result["blocked"] else 0  # `relay upgrade --plan && relay upgrade`
-    if args.command in ("upgrade", "rollback") and result.get("state") != "DONE":
+    if args.command in ("upgrade", "rollback", "scale") and result.get("state") != "DONE":
         return OPERATION_NOT_DONE  # ABORTED (blue kept running) or FAILED: never a silent 0
     return 0

@@ -309,7 +309,7 @@ def render(name: str, result: Any, console: Console | None = None) -> None:
         render_offsets(console, result)
     elif name == "health":
         render_health(console, result)
-    elif isinstance(result, Mapping) and result.get("kind") in ("upgrade plan", "rollback plan"):
+    elif isinstance(result, Mapping) and str(result.get("kind", "")).endswith(" plan"):
         render_plan(console, result)
     elif name == "versions":
         render_versions(console, result)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from relay.config.bounds import (
@@ -66,6 +66,8 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 STANDBY_MODES = ("none", "hot")
+RESOURCE_KEYS = ("driver_cores", "driver_memory", "executor_cores", "executor_memory", "cores_max")
+"""The Spark resources an instance may run with apart from its pipeline's (``relay scale``)."""
 
 
 def standby_mode(raw: str | None, where: str) -> str:
@@ -242,6 +244,15 @@ class RelayConfig:
 
     def with_(self, **changes: object) -> RelayConfig:
         return replace(self, **changes)
+
+    def with_resources(self, resources: Mapping[str, Any] | None) -> RelayConfig:
+        """This configuration with an instance's own Spark resources (``relay scale``) over it."""
+        changes = {k: v for k, v in (resources or {}).items() if k in RESOURCE_KEYS}
+        return replace(self, **changes) if changes else self
+
+    def resources(self) -> dict[str, Any]:
+        """The Spark resources a driver of this configuration is submitted with."""
+        return {k: getattr(self, k) for k in RESOURCE_KEYS}
 
 
 def load_config(env: Mapping[str, str] | None = None, pipeline: str | None = None) -> RelayConfig:

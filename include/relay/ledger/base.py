@@ -63,6 +63,7 @@ def instance_from_row(row: Row) -> Instance:
         created_at=m["created_at"],
         updated_at=m["updated_at"],
         role=m["role"],
+        resources=m["resources"],
     )
 
 
@@ -151,6 +152,7 @@ class LedgerBase:
         app_name: str,
         state: InstanceState = InstanceState.STARTING,
         role: str | None = None,
+        resources: dict[str, Any] | None = None,
     ) -> Instance:
         self.ensure_pipeline(pipeline, conn)
         now = time.time()
@@ -167,6 +169,7 @@ class LedgerBase:
                 created_at=now,
                 updated_at=now,
                 role=role,
+                resources=resources,
             )
         ).inserted_primary_key[0]
         return self.instance(new_id, conn)

@@ -68,6 +68,8 @@ class Instance:
     updated_at: float
     role: str | None = None
     """``hot-standby`` for a pipeline's hot standby (relay.protocol.failover), else None."""
+    resources: dict[str, Any] | None = None
+    """Spark resources over the configuration's (``relay scale``; RelayConfig.with_resources)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -70,6 +70,9 @@ instances = Table(
     # "hot-standby": a second instance of the running version that takes over when the active dies
     # (relay.protocol.failover); NULL for every other instance (an upgrade's green included).
     Column("role", String(20)),
+    # Spark resources this instance runs with where they differ from the pipeline's configuration
+    # (``relay scale``): {"cores_max": 2, ...}; NULL = the configuration's. Kept by its relaunches.
+    Column("resources", JSON),
 )
 Index("ix_instances_pipeline_state", instances.c.pipeline, instances.c.state)
 
@@ -236,10 +239,16 @@ BASELINE = 7
 """The version a new ledger is created at: Relay's own tables only. Versions 1 to 6 also held the
 counter's tables (now its sink's); a ledger of those versions is refused: create a new one."""
 
+
+def _add_columns(conn: Connection, table: str, *columns: str) -> None:
+    for column in columns:
+        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+
 # Migrations after the baseline (version BASELINE + 1, + 2, ...): append, never edit an applied one.
 MIGRATIONS: list[Callable[[Connection], None]] = [
     lambda conn: partition_marks.create(conn, checkfirst=True),  # 8: topic identity
-    lambda conn: conn.exec_driver_sql("ALTER TABLE instances ADD COLUMN role VARCHAR(20)"),  # 9: hot standby
+    lambda conn: _add_columns(conn, "instances", "role VARCHAR(20)", "resources JSON"),  # 9: standby, scale
 ]
 SCHEMA_VERSION = BASELINE + len(MIGRATIONS)
 

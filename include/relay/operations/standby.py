@@ -95,6 +95,7 @@ def ensure_standby(
             "",
             InstanceState.STANDBY,
             role=HOT_STANDBY,
+            resources=active.resources,
         )
         ledger.set_instance(
             inst.id,

@@ -56,9 +56,11 @@ def open_upgrade(
     key: str | None = None,
     catchup_s: float = 120.0,
     max_lag: int | None = None,
+    resources: dict | None = None,
 ) -> dict:
     """The upgrade to run: the one ``key`` already opened or resumed, the one in progress (same
-    version), or a new one after the preflight. Returns the operation (its ``id`` drives the steps)."""
+    version), or a new one after the preflight. Returns the operation (its ``id`` drives the steps).
+    ``resources``: green's own Spark resources (``relay scale``; then ``version`` may be blue's)."""
     validate_version(version)
     parse_handoff(handoff, config.topic)  # refuse a bad handoff before anything is read
     check_gates(grace_s, drain_timeout_s, catchup_s, max_lag)
@@ -84,7 +86,7 @@ def open_upgrade(
             "catchup_s": catchup_s,
             "max_lag": max_lag,
         }
-        op = _preflight(config, ledger, version, handoff, gates, local, progress)
+        op = _preflight(config, ledger, version, handoff, gates, local, progress, resources)
     if key:
         keys = [*op["data"].get(RUN_KEYS, []), key]
         op = ledger.move_operation(op["id"], op["state"], **{RUN_KEYS: keys})
@@ -99,11 +101,12 @@ def _preflight(
     gates: dict,
     local: bool,
     progress: Progress,
+    resources: dict | None = None,
 ) -> dict:
     stop_standbys(config, ledger, progress)  # green is the one instance that waits beside blue
     inv = take_inventory(config, ledger)
     blocked: list[str] = []
-    blue = judge_blue(config, inv, local, version, blocked, [])
+    blue = judge_blue(config, inv, local, version, blocked, [], resources)
     if blocked or blue is None:
         raise OperationError("; ".join(blocked) + ". Nothing was changed.")
     if not artifact(config, version).exists():
@@ -113,7 +116,7 @@ def _preflight(
         config.pipeline,
         "upgrade",
         UpgradeState.PREFLIGHT.value,
-        {"version": version, "handoff": handoff, **gates, "local": local},
+        {"version": version, "handoff": handoff, **gates, "local": local, "resources": resources},
         {"blue_id": blue.id, "blue_version": blue.version, "started_at": time.time()},
         ALL_TERMINAL,
     )
@@ -131,6 +134,7 @@ def upgrade(
     progress: Progress = _noop,
     catchup_s: float = 120.0,
     max_lag: int | None = None,
+    resources: dict | None = None,
 ) -> dict:
     """Run (or resume) the blue-green upgrade of the pipeline to ``version``: every step, waiting here.
 
@@ -147,6 +151,7 @@ def upgrade(
         progress,
         catchup_s=catchup_s,
         max_lag=max_lag,
+        resources=resources,
     )
     ledger = Ledger(config.ledger_url)
     op_id = op["id"]

@@ -54,10 +54,12 @@ def plan_upgrade(
     catchup_s: float = 120.0,
     max_lag: int | None = None,
     local: bool = False,
+    resources: dict | None = None,
 ) -> dict:
     """The upgrade of the pipeline to ``version`` as it would run now; changes nothing.
 
     ``blocked`` lists why it can't run ([]: it can). ConfigError only for bad arguments.
+    ``resources``: a scale's (``relay scale --plan``).
     """
     validate_version(version)
     explicit = parse_handoff(handoff, config.topic)
@@ -66,7 +68,7 @@ def plan_upgrade(
     inv = take_inventory(config, ledger, reconcile=False)
     blocked: list[str] = []
     warnings: list[str] = []
-    blue = judge_blue(config, inv, local, version, blocked, warnings)
+    blue = judge_blue(config, inv, local, version, blocked, warnings, resources)
     for op in ledger.in_progress(config.pipeline, ALL_TERMINAL):
         blocked.append(in_progress_reason(op))
     target = artifact(config, version)
@@ -123,10 +125,17 @@ def _lag_from(config: RelayConfig, max_lag: int | None) -> str:
 
 
 def judge_blue(
-    config: RelayConfig, inv: Inventory, local: bool, version: str, blocked: list[str], warnings: list[str]
+    config: RelayConfig,
+    inv: Inventory,
+    local: bool,
+    version: str,
+    blocked: list[str],
+    warnings: list[str],
+    resources: dict | None = None,
 ) -> Instance | None:
     """The instance the upgrade would replace (None when there isn't exactly one); the reasons an
-    upgrade must refuse go to ``blocked``. The plan shows them all; the preflight raises them."""
+    upgrade must refuse go to ``blocked``. The plan shows them all; the preflight raises them.
+    ``resources``: green's own Spark resources (``relay scale``: the same version, other resources)."""
     if inv.master_error and not local:
         blocked.append(f"cannot check the Spark master: {inv.master_error}")
     waiting = hot_standbys(inv.live)  # stopped by the preflight, before green starts
@@ -145,11 +154,15 @@ def judge_blue(
     blue = active[0] if len(active) == 1 else live[0] if len(live) == 1 else None
     if blue is not None and blue.state is not InstanceState.ACTIVE:
         blocked.append(f"instance {blue.id} is {blue.state.value}, not ACTIVE")
-    if blue is not None and blue.version == version:
+    if blue is not None and resources is None and blue.version == version:
         blocked.append(f"instance {blue.id} already runs version {version}")
+    if blue is not None and resources is not None:
+        now = config.with_resources(blue.resources).resources()
+        if config.with_resources(resources).resources() == now:
+            blocked.append(f"instance {blue.id} already runs with {now}")
     if not local and inv.master is not None:
         # Green must run beside blue until the handoff: without room it would wait for blue's cores.
-        problem = room_problem(inv.master, Needs.of(config))
+        problem = room_problem(inv.master, Needs.of(config.with_resources(resources)))
         if problem:
             blocked.append(f"green can't start beside blue: {problem}; {HOW_TO_MAKE_ROOM}")
     return blue

@@ -64,14 +64,16 @@ def start_green(config: RelayConfig, ledger: Ledger, op_id: int, progress: Progr
     if op is not None:
         crash_point("upgrade.opened")
         with ledger.tx() as conn:
-            green = ledger.create_instance(
+            blue = ledger.instance(op["data"]["blue_id"], conn)
+            green = ledger.create_instance(  # blue's resources, unless the upgrade is a scale
                 conn,
                 config.pipeline,
                 op["params"]["version"],
-                ledger.instance(op["data"]["blue_id"], conn).color.other,
+                blue.color.other,
                 "",
                 "",
                 state=InstanceState.STANDBY,
+                resources=op["params"].get("resources") or blue.resources,
             )
             ledger.set_instance(
                 green.id,

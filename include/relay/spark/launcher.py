@@ -104,8 +104,10 @@ def launch(
 ) -> str:
     """Start the instance's driver from its version's artifact; record and return its submission id.
 
-    A version never built is frozen from the current code first (see relay.artifacts).
+    A version never built is frozen from the current code first (see relay.artifacts). An instance
+    with resources of its own (``relay scale``) is submitted with them, relaunches included.
     """
+    config = config.with_resources(instance.resources)
     art = artifact(config, instance.version)
     if not art.exists():
         build_artifact(config, instance.version)

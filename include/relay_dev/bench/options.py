@@ -19,6 +19,7 @@ SECTIONS: tuple[str, ...] = (
     "pipeline",
     "latency",
     "smallbatch",
+    "failover",
 )
 
 

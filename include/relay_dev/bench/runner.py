@@ -13,6 +13,7 @@ from relay.errors import RelayError
 
 from .cluster import bench_config
 from .context import Context, kill_child
+from .failover import section_failover
 from .latency import section_latency
 from .ledger import section_ledger
 from .memory import section_memory
@@ -42,6 +43,7 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "pipeline": section_pipeline,
     "latency": section_latency,
     "smallbatch": section_smallbatch,
+    "failover": section_failover,
 }
 NEEDS_STACK = frozenset(SECTIONS) - {"ledger"}  # ledger runs in-process on private databases
 

@@ -111,7 +111,7 @@ def _timed_upgrade(ctx: Context, version: str, label: str) -> tuple[dict[str, An
     return result, t0, t1
 
 
-def _wait_applied(cfg: RelayConfig, offsets: dict[int, int], timeout_s: float) -> None:
+def wait_applied(cfg: RelayConfig, offsets: dict[int, int], timeout_s: float) -> None:
     """Wait until every cursor passed ``offsets`` (under load the cursors never equal the latest)."""
     deadline = time.monotonic() + timeout_s
     while not all(cursors(cfg).get(p, -1) >= off for p, off in offsets.items()):
@@ -139,7 +139,7 @@ def section_upgrade(ctx: Context) -> dict[str, Any]:
     ops: dict[str, tuple[dict[str, Any], float, float]] = {}
     try:
         time.sleep(opts.pause_settle_seconds)
-        _wait_applied(cfg, latest_offsets(cfg), 300)  # the first batch's worker start is no steady state
+        wait_applied(cfg, latest_offsets(cfg), 300)  # the first batch's worker start is no steady state
         time.sleep(opts.pause_settle_seconds)
         ctx.progress(
             f"upgrade: steady state for {opts.pause_steady_seconds:.0f}s at {opts.upgrade_rate:.0f} msg/s"

@@ -47,8 +47,14 @@ def plan() -> dict[str, Any]:
 
     context = get_current_context()
     p = context["params"]
+    config = relay_config(context)
+    resources = None
+    if p.get("executors"):  # a scale: green with other resources (relay.operations.scale)
+        from relay.operations.scale import scale_target
+
+        resources = scale_target(config, int(p["executors"]))[2]
     op = open_upgrade(
-        relay_config(context),
+        config,
         p["version"],
         handoff=p["handoff"],
         grace_s=float(p["grace_seconds"]),
@@ -57,6 +63,7 @@ def plan() -> dict[str, Any]:
         key=run_key(context),
         catchup_s=float(p.get("catchup_seconds", 120)),
         max_lag=p.get("max_lag"),
+        resources=resources,
     )
     return _summary(_going(op))
 
