@@ -144,6 +144,7 @@ def render_status(console: Console, s: Mapping[str, Any]) -> None:
                 "color",
                 "version",
                 "state",
+                "role",
                 "created_at",
                 "current_epoch",
                 "attempts_seen",
@@ -163,6 +164,9 @@ def render_status(console: Console, s: Mapping[str, Any]) -> None:
     if leases:
         cols = ["instance", "topic", "partition", "start_offset", "end_offset", "next_offset"]
         console.print(table(leases, cols, "leases of live instances"))
+    if s.get("failovers"):
+        cols = ["failed_over_at", "from_instance", "to_instance", "reason"]
+        console.print(table(s["failovers"], cols, "failovers (newest first)"))
     if s.get("offsets"):
         render_offsets(console, s["offsets"])
     if s.get("gaps"):

@@ -23,7 +23,7 @@ def check_standby(
     from relay.protocol.failover import HOT_STANDBY
 
     waiting = [i for i in instances if i.role == HOT_STANDBY and i.state.standby]
-    recent = [f for f in failovers if float(f.get("at", 0)) > since]
+    recent = [f for f in failovers if float(f.get("failed_over_at", 0)) > since]
     data: dict[str, Any] = {
         "instance": waiting[0].id if waiting else None,
         "state": waiting[0].state.value if waiting else None,

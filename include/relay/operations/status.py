@@ -59,6 +59,8 @@ def status_view(config: RelayConfig, ledger: Ledger | None = None, with_kafka: b
         "gaps": [g.to_json() for g in ledger.gaps(config.pipeline)],
         "instances": instances,
         "upgrades": [r["body"] for r in ledger.reports(config.pipeline, "upgrade", 5)],
+        "standby": config.standby,
+        "failovers": [op["data"] for op in ledger.operations(config.pipeline, "failover", 5)],
     }
     if with_kafka:
         out["offsets"] = offsets_view(config, ledger)

@@ -133,7 +133,7 @@ def fail_over(
             "to_instance": standby.id,
             "reason": reason,
             "leases": [lease.to_json() for lease in taken],
-            "at": now,
+            "failed_over_at": now,
         }
         conn.execute(
             s.operations.insert().values(
