@@ -17,6 +17,7 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresq
 command -v spin >/dev/null 2>&1 || need_apt+=(spin)  # the model check (make model)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)    # spin preprocesses with it; pan is compiled by it
 [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || need_apt+=(chromium chromium-driver)  # the browser checks
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)  # scrapes Relay in the tests; promtool checks the rules
 if [ "${#need_apt[@]}" -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"

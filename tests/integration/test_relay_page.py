@@ -88,6 +88,7 @@ def test_page_refuses_requests_without_a_valid_airflow_token(relay_airflow: Rela
         "/relay/static/relay.js",
         "/relay/api/pipelines",
         "/relay/api/pipelines/orders/plots",
+        "/relay/metrics",
     )
     real = relay_airflow.token()
     claims = jwt.decode(real, options={"verify_signature": False})
@@ -132,6 +133,13 @@ def test_page_serves_the_ledger_with_a_real_token(relay_airflow: RelayAirflow) -
     assert overview["dead_letters"]["total"] == story.dead_letters
     # relay_health may have run meanwhile (every 5 min; Kafka is down here: CRITICAL); either way a report
     assert overview["health"]["status"] in ("WARN", "CRITICAL") and overview["health"]["checks"]
+
+    # Prometheus' scrape (a bearer token): the ledger's figures; Kafka down, so the pipeline is not up.
+    metrics = _get(f"{url}/relay/metrics", headers=auth)
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert f'relay_batches_total{{pipeline="orders"}} {float(story.batches)}' in metrics.text
+    assert 'relay_pipeline_up{pipeline="orders"} 0.0' in metrics.text
+    assert f'relay_instance_info{{pipeline="orders",instance="{story.instances[-1]}"' in metrics.text
 
     t0 = time.monotonic()
     plots = _get(f"{url}/relay/api/pipelines/orders/plots?hours=4", headers=auth).json()

@@ -26,6 +26,9 @@ Progress = Callable[[str], None]
 FAILED_BUDGET = 3
 """Hot standbys of one version that may fail within ``FAILED_WINDOW_S`` before Relay stops starting them."""
 FAILED_WINDOW_S = 3600.0
+ROOM_SETTLE_S = 30.0
+"""How long a start waits for room: after a failover the master relaunches the dead driver, which
+holds its cores until the ledger refuses it (a JVM start, some seconds)."""
 
 
 def _noop(_: str) -> None:
@@ -80,7 +83,7 @@ def ensure_standby(
     local = local or any((i.submission_id or "").startswith(LOCAL_PREFIX) for i in live)
     inv = None if reason or local else take_inventory(config, ledger, reconcile=False)
     if inv is not None and inv.master is not None:
-        reason = no_room(config, inv.master, settle_s=0.0)
+        reason = no_room(config, inv.master, settle_s=ROOM_SETTLE_S)
     if reason:
         progress(f"no hot standby started: {reason}")
         return {"standby": "hot", "instance": None, "started": False, "reason": reason}

@@ -37,8 +37,8 @@ def bench_config(data_dir: Path, options: BenchOptions, host: str = "127.0.0.1")
         "RELAY_SPARK_WORKER_UI_PORT": str(free_port(host)),
         "RELAY_POSTGRES_PORT": str(free_port(host)),
         "RELAY_AIRFLOW_PORT": str(free_port(host)),
-        "RELAY_WORKER_CORES": "4",
-        "RELAY_WORKER_MEMORY": "2g",
+        "RELAY_WORKER_CORES": "6",  # the embedded default: a pipeline, its standby or green, another
+        "RELAY_WORKER_MEMORY": "3g",
         "RELAY_PIPELINE": PIPELINE,
         "RELAY_TOPIC": TOPIC,
         "RELAY_PARTITIONS": str(options.partitions),

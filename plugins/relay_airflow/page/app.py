@@ -1,9 +1,10 @@
 """The Relay page's FastAPI app, mounted by Airflow's api-server under ``/relay``.
 
-One HTML page, its static files (our JS/CSS and the vendored uPlot) and three JSON endpoints per
-pipeline: ``overview`` (instances, latest health report, dead letters), ``plots`` (lag, throughput,
-batch duration, cursors, dead letters over time) and ``timeline`` (instances, upgrades with H,
-recoveries, gaps). Every route depends on :func:`relay_airflow.page.auth.require_user`.
+One HTML page, its static files (our JS/CSS and the vendored uPlot), Prometheus metrics
+(``/metrics``: relay.metrics) and three JSON endpoints per pipeline: ``overview`` (instances, latest
+health report, dead letters), ``plots`` (lag, throughput, batch duration, cursors, dead letters over
+time) and ``timeline`` (instances, upgrades with H, recoveries, gaps). Every route depends on
+:func:`relay_airflow.page.auth.require_user`.
 
 The ledger URL and the Kafka bootstrap come from the same place as the DAGs' (the ``relay_*``
 connections over ``RELAY_*``), read at most every ``CONFIG_TTL_S``. Data endpoints are plain ``def``
@@ -125,6 +126,19 @@ def create_app() -> FastAPI:
         return FileResponse(
             path, media_type=kind, headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
         )
+
+    @app.get("/metrics")
+    def metrics(_user: User) -> Response:
+        """Prometheus' text format for every declared pipeline (relay.metrics); a bearer token."""
+        from relay.metrics.serve import declared_configs, exposition
+
+        from relay_airflow.config import relay_config_from_connections
+
+        def configs() -> list[RelayConfig]:
+            return [relay_config_from_connections(base=c) for c in declared_configs()]
+
+        body, kind = exposition(configs)
+        return Response(body, media_type=kind, headers={"Cache-Control": "no-store"})
 
     @app.get("/api/pipelines")
     def list_pipelines(_user: User) -> JSONResponse:
