@@ -14,6 +14,7 @@ from relay.errors import RelayError
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 from relay.operations.status import offsets_view
+from relay.operations.upgrade_state import ALL_TERMINAL
 
 BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 LEVELS = {"OK": 0, "WARN": 1, "CRITICAL": 2}
@@ -142,7 +143,7 @@ def _ledger_metrics(config: RelayConfig, ledger: Ledger, out: Families) -> None:
     out["batches"].add_metric([p], float(count))
     out["dead"].add_metric([p], float(ledger.dead_letter_count(p)))
     for kind, state, n, at in ops:
-        out["ops"].add_metric([p, kind, state], float(n))
+        out["ops" if state in ALL_TERMINAL else "running"].add_metric([p, kind, state], float(n))
         out["last_op"].add_metric([p, kind, state], float(at))
     instances = ledger.instances(p)
     for inst in instances[-10:]:
