@@ -58,6 +58,7 @@ INVARIANTS = {
 # commit_cursors) against a modelled sink: the Kafka transactional sink, or (STATEFUL) the window
 # row of a stateful pipeline's PostgreSQL upsert.
 _UPGRADE = ("-DNO_RECOVERY", "-DPROGRESS")
+_FAILOVER = ("-DFAILOVER", "-DNO_RECOVERY", "-DPROGRESS")  # a hot standby instead of the upgrade
 SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "restarts": (
         "blue alone, 3 attempts (restarts, zombies, replays; tasks written, ledger commit not done), "
@@ -223,6 +224,40 @@ SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "-DPROGRESS",
         ),
     ),
+    "failover": (
+        "hot standby failover (green plays the standby: STANDBY, launched, then the failover "
+        "transaction at any moment, a false alarm included: blue's attempts and tasks still run), "
+        "2 blue attempts, 1 green",
+        "-O2",
+        ("-DN=4", "-DRET=0", "-DBLUE_ATTEMPTS=2", "-DGREEN_ATTEMPTS=1", *_FAILOVER),
+    ),
+    "failover-retries": (
+        "hot standby failover with Spark task retries (a zombie blue task run again before or after "
+        "the standby's take-over), 2 blue attempts, 1 green",
+        "-O2",
+        ("-DN=3", "-DRET=0", "-DBLUE_ATTEMPTS=2", "-DGREEN_ATTEMPTS=1", "-DRETRY", *_FAILOVER),
+    ),
+    "failover-green-restarts": (
+        "hot standby failover, 1 blue attempt, 2 green (a standby attempt started before the "
+        "failover, a zombie after it, the take-over again by the next attempt)",
+        "-O2",
+        ("-DN=4", "-DRET=0", "-DBLUE_ATTEMPTS=1", "-DGREEN_ATTEMPTS=2", *_FAILOVER),
+    ),
+    "failover-redeploy": (
+        "hot standby failover, then a stop + deploy at the cursor (blue and the standby both "
+        "predecessors of the new instance when the standby applied nothing), 1 attempt each",
+        "-O2",
+        (
+            "-DN=4",
+            "-DRET=0",
+            "-DBLUE_ATTEMPTS=1",
+            "-DGREEN_ATTEMPTS=1",
+            "-DREC_ATTEMPTS=1",
+            "-DREC_AT_CURSOR",
+            "-DFAILOVER",
+            "-DPROGRESS",
+        ),
+    ),
 }
 
 # Mutants: (switch, scenario, the invariant that must be violated, what the switch models).
@@ -356,6 +391,20 @@ MUTANTS: tuple[tuple[str, str, str, str], ...] = (
         "a window row's position without the epoch (the finding HEAL_SAME_GENERATION): a relaunch "
         "on an empty checkpoint restarts its batch ids, its whole values lose to its own older rows",
     ),
+    (
+        "FAILOVER_NO_FENCE",
+        "failover",
+        "sink_no_duplicate",
+        "the failover does not fence blue: blue stays live, so it is not the standby's predecessor; "
+        "what blue's tasks wrote past its cursor is written again by the standby",
+    ),
+    (
+        "FAILOVER_STALE_CURSOR",
+        "failover",
+        "no_double_apply",
+        "the failover reads blue's cursor before its transaction, without blue's row lock, and closes "
+        "blue's lease there without a compare-and-set: blue commits in between",
+    ),
 )
 
 # Known defects of the design as the model follows it (not mutants): (name, base scenario, defines
@@ -374,6 +423,7 @@ QUICK = (
     "stateful-latest",
     "stateful-redeploy",
     "stateful-heal",
+    "failover",
 )
 
 BIGGEST = ("upgrade", "restarts", "recovery", "redeploy")  # started first

@@ -3,20 +3,21 @@
  * side (model/README.md says what is modelled, what is abstracted, and how each invariant maps to
  * the code). Checked by model/check.py.
  *
- * One Kafka partition with offsets 0..N-1; three instances (blue, green made by the upgrade as a warm
- * standby, and the fresh instance a recovery or a stop + deploy makes), each with one lease row, and a
- * second row for blue's continuation after an abort of the upgrade; attempts with epochs; the
- * instance row lock; the source guard (hold, floor, read cap) and the planned end the source records
- * under the row lock; per micro-batch the executor path of pipeline_driver.process_batch:
- * prepare_tasks (a ledger transaction: refuse a zombie, the task range inside the leases at/after the
- * cursors, the predecessors), take_over (fence the predecessors in the SINK and merge their written
- * offsets), the tasks (each ONE sink transaction: check the fence, keep the rows in the range, write
- * idempotently), then commit_cursors (ONE ledger transaction: compare-and-set the cursors); a crash
- * between any two steps. The sink is modelled: without STATEFUL, the Kafka transactional sink of
- * DESIGN-29 D1 (per instance a marker: its fence epoch, a fenced flag and the set of source offsets its
- * committed transactions wrote; the output: how many records each source offset has); with STATEFUL,
- * the PostgreSQL upsert of a stateful pipeline (one window row: its value, written by the newest writer
- * position (generation, batch id)).
+ * One Kafka partition with offsets 0..N-1; three instances (blue, green made by the upgrade as a
+ * warm standby or, with FAILOVER, blue's hot standby, and the fresh instance a recovery or a stop +
+ * deploy makes), each with one lease row, and a second row for blue's continuation after an abort
+ * of the upgrade; attempts with epochs; the instance row lock; the source guard (hold, floor, read
+ * cap) and the planned end the source records under the row lock; per micro-batch the executor path
+ * of pipeline_driver.process_batch: prepare_tasks (a ledger transaction: refuse a zombie, the task
+ * range inside the leases at/after the cursors, the predecessors), take_over (fence the
+ * predecessors in the SINK and merge their written offsets), the tasks (each ONE sink transaction:
+ * check the fence, keep the rows in the range, write idempotently), then commit_cursors (ONE ledger
+ * transaction: compare-and-set the cursors); a crash between any two steps. The sink is modelled:
+ * without STATEFUL, the Kafka transactional sink of DESIGN-29 D1 (per instance a marker: its fence
+ * epoch, a fenced flag and the set of source offsets its committed transactions wrote; the output:
+ * how many records each source offset has); with STATEFUL, the PostgreSQL upsert of a stateful
+ * pipeline (one window row: its value, written by the newest writer position (generation, batch
+ * id)).
  *
  * Build switches (spin -D...):
  *   NO_ROW_LOCK          mutant: the handoff reads blue's lease without locking blue's instance row
@@ -74,13 +75,24 @@
  *                        blue's new one (SQLite gives the new lease the deleted lease's id again)
  *   HANDOFF_LATEST       H is Kafka's latest offset, read by the handoff BEFORE it locks blue's row,
  *                        raised to the planned ends; default: an explicit H, refused below them
+ *   FAILOVER             a hot standby instead of the upgrade (GREEN plays it): created STANDBY
+ *                        without a lease and launched; at any moment (the detection is not modelled:
+ *                        every false alarm is covered) ONE transaction locks blue's row and green's,
+ *                        refuses unless blue is ACTIVE/STARTING and green STANDBY, fences blue, closes
+ *                        blue's lease at its cursor read there, opens green's [cursor, ...), green
+ *                        STARTING (protocol.failover.fail_over). Stateless pipelines only
+ *   FAILOVER_NO_FENCE    mutant (FAILOVER): the failover does not fence blue (it stays live: not
+ *                        the standby's predecessor)
+ *   FAILOVER_STALE_CURSOR mutant (FAILOVER): the failover reads blue's cursor in an earlier step,
+ *                        without blue's row lock, and closes blue's lease there without a
+ *                        compare-and-set
  *   PROGRESS             also assert invariants 6 and 7 (below) under ONLY=0
  *   ONLY=k               assert only invariant k (1..14, below); 0 (default) asserts 1..5 and 11..14
  *                        (those of the sink modelled), 6 and 7 with PROGRESS, 8..10 with STATEFUL
  *   N, RET, MAXB         offsets in the partition; how many of them retention may delete; the most
  *                        offsets a batch reads (maxOffsetsPerTrigger: 2 or 3)
  *   BLUE_ATTEMPTS, GREEN_ATTEMPTS, REC_ATTEMPTS   attempts the supervision may start per instance
- *   NO_UPGRADE, NO_RECOVERY                       leave that operation out
+ *   NO_UPGRADE, NO_RECOVERY                       leave that operation out (FAILOVER: no upgrade)
  *   REC_AT_CURSOR        the recovery's target is the cursor (strategy earliest, nothing deleted past
  *                        it): a stop + deploy (a redeploy); default: any target at or past it
  *   ATOMIC_COMMIT        the commit transaction as one step (default: two, with a crash between)
@@ -107,6 +119,12 @@
 #endif
 #ifndef MAXB
 #define MAXB 2
+#endif
+#if defined(FAILOVER) && defined(STATEFUL)
+#error "a stateful pipeline refuses a hot standby (pipeline_driver: its shadow reads pass the cursors)"
+#endif
+#if (defined(FAILOVER_NO_FENCE) || defined(FAILOVER_STALE_CURSOR)) && !defined(FAILOVER)
+#error "the FAILOVER_* mutants need -DFAILOVER"
 #endif
 #if defined(NO_REGROUP) || defined(SKIP_BELOW_MARKER)
 #define SPLIT 1     /* a source partition's rows of a batch reach two tasks */
@@ -273,9 +291,11 @@ bit  healed;            /* blue's checkpoint was lost once (a heal finds it empt
 byte applied[N];        /* how many times each offset was applied in the LEDGER (a cursor moved over it
                          * inside a lease) */
 bit  gap[N];            /* declared lost or skipped (a gap record) */
-byte ghostH = OPEN;     /* the handoff offset H (OPEN: no handoff yet) */
+byte ghostH = OPEN;     /* the handoff offset H (OPEN: no handoff yet); FAILOVER: the cursor at which
+                         * the failover closed blue's lease and opened green's */
 byte ghostX = OPEN;     /* green's range is [ghostH, ghostX): OPEN while the handoff is in force; after
-                         * an abort, X (green applied [H, X)) or H (green applied nothing) */
+                         * an abort, X (green applied [H, X)) or H (green applied nothing); FAILOVER:
+                         * OPEN for good (blue never gets a lease again) */
 byte blue_reach;        /* 1 + the highest offset blue applied (0: none) */
 bit  rec_skip;          /* the recovery's target was past the cursor (KNOWN_SKIP_DUP) */
 #ifdef STATEFUL
@@ -1665,6 +1685,88 @@ up_end:
   }
 }
 
+#ifdef FAILOVER
+#undef CRASH_SAY
+#define CRASH_SAY printf("@@ the failover process crashes\n")
+/* A hot standby (relay.operations.standby.ensure_standby; spark_jobs/hot_standby.py, watch): green is
+ * a second instance of blue's version, created STANDBY without a lease and launched, exactly like the
+ * upgrade's green before the handoff (its source holds). Its driver's watch judges blue dead on its
+ * own clock: here at ANY moment, so every false alarm is covered (blue's attempts still running,
+ * tasks in flight, a commit in progress). Then protocol.failover.fail_over, ONE ledger transaction:
+ * lock blue's instance row (it waits for an in-flight commit of blue, which holds that lock) and
+ * green's; refuse (nothing changes) unless blue is ACTIVE or STARTING and green still a standby (and
+ * no operation in progress); fence blue (FENCED: its later prepare and commit are refused, no new
+ * attempt of it starts); Ledger.take_over: blue's open lease closed at its cursor, read in this
+ * transaction, and green's lease [cursor, ...) opened (a new row); green STARTING. No cooperation
+ * from blue: blue, non-live with a lease ENDING where green's STARTS, is green's predecessor, so
+ * green's driver takes it over in the sink (fence, merge its written offsets) before its tasks write. */
+proctype Failover() {
+  byte c0;              /* blue's cursor, as the failover read it */
+
+  /* ensure_standby: created STANDBY (no lease) and submitted; the supervision may start its
+   * attempts, whose source holds until a lease exists */
+  if
+  :: atomic {
+      ist[GREEN] = STANDBY; launched[GREEN] = 1;
+      recompute_caps();
+      printf("@@ green created as a hot standby (blue's version, no lease) and submitted\n")
+    }
+  CRASH(fo_end)   /* crash */
+  fi;
+#ifdef FAILOVER_STALE_CURSOR
+  /* mutant: blue's cursor read in a step of its own, without blue's row lock (blue may commit
+   * before the transaction below, which closes the lease there without a compare-and-set) */
+  if
+  :: atomic { c0 = l_cur[0]; printf("@@ failover reads blue's cursor %d WITHOUT blue's row lock\n", c0) }
+  CRASH(fo_end)   /* crash */
+  fi;
+#endif
+  /* fail_over: ONE transaction. Both row locks are taken and released within the step: the
+   * transaction's reads and writes are all under them (a commit of blue in progress holds blue's lock:
+   * the failover waits for it), so it is one atomic step at the moment it holds both. */
+  if
+  :: atomic {
+      lockh[BLUE] == 0 && lockh[GREEN] == 0 ->
+      if
+      :: !(ist[BLUE] == ACTIVE || ist[BLUE] == STARTING) || ist[GREEN] != STANDBY || op != OP_NONE ->
+        printf("@@ failover refused (blue not ACTIVE/STARTING, or green no longer a standby): nothing changed\n");
+        goto fo_end
+      :: else -> skip
+      fi;
+#ifndef FAILOVER_STALE_CURSOR
+      c0 = l_cur[0];   /* Ledger.take_over reads the leases inside the transaction, under the locks */
+#endif
+#ifdef FAILOVER_NO_FENCE
+      printf("@@ failover locks blue's row and green's; blue's cursor %d; blue is NOT fenced (it stays live)\n", c0);
+#else
+      ist[BLUE] = FENCED;
+      printf("@@ failover locks blue's row and green's; blue's cursor %d; blue FENCED\n", c0);
+#endif
+      /* Ledger.take_over: blue's open lease closed at the cursor read (under blue's lock nothing moves
+       * it; FAILOVER_STALE_CURSOR: closed at the stale one, whatever the cursor is now) */
+      l_end[0] = c0;
+      l_valid[1] = 1; l_inst[1] = GREEN; l_start[1] = c0; l_end[1] = OPEN; l_cur[1] = c0;
+      ist[GREEN] = STARTING;
+      ghostH = c0; ghostX = OPEN;
+      printf("@@ failover commits: blue's lease closed at %d (its cursor is %d), green opens [%d,...), STARTING\n",
+             c0, l_cur[0], c0);
+      if
+      :: blue_reach > c0 ->
+        printf("@@ VIOLATION blue_outside_green: blue already applied up to %d, past the failover's %d\n",
+               blue_reach, c0);
+        blue_outside_green = 0
+      :: else -> skip
+      fi;
+      recompute_caps();
+      check_all()
+    }
+  CRASH(fo_end)   /* crash: the transaction rolled back */
+  fi;
+fo_end:
+  atomic { c0 = 0 }
+}
+#endif
+
 #undef CRASH_SAY
 #define CRASH_SAY printf("@@ the recovery process crashes\n")
 /* relay recover: stop everything, record the lost/skipped ranges as gaps, open a lease at the
@@ -1795,7 +1897,9 @@ init {
 #if RET > 0
     run Retention();
 #endif
-#ifndef NO_UPGRADE
+#ifdef FAILOVER
+    run Failover();
+#elif !defined(NO_UPGRADE)
     run Upgrade();
 #endif
 #ifndef NO_RECOVERY

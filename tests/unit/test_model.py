@@ -213,3 +213,25 @@ def test_stateful_start_without_warm_up_writes_a_partial_window(results: Results
     start = _index(steps, "recovered", "EMPTY state")
     wrote = _index(steps, "recovered", "writes the window", start)
     assert steps[wrote + 1].startswith("VIOLATION window_complete"), steps
+
+
+def test_failover_without_fence_leaves_blue_no_predecessor(results: Results) -> None:
+    """A failover that does not fence blue: blue stays live, so the standby does not take it over in
+    the sink, and what blue's tasks wrote past its cursor is written a second time."""
+    steps: list[str] = results["FAILOVER_NO_FENCE"]["counterexample"]
+    failed_over = _index(steps, "failover commits")
+    dup = _index(steps, "VIOLATION sink_no_duplicate", "", failed_over)
+    assert "NOT fenced" in steps[failed_over - 1], steps
+    assert not any("takes over from blue" in s for s in steps), steps
+    assert any(s.startswith("blue") and "'s task holds rows" in s for s in steps[:dup]), steps
+
+
+def test_failover_with_a_stale_cursor_applies_again(results: Results) -> None:
+    """The cursor read before the failover's transaction, without blue's row lock: blue commits in
+    between, its lease is closed below its cursor, and the standby applies an offset again."""
+    steps: list[str] = results["FAILOVER_STALE_CURSOR"]["counterexample"]
+    read = _index(steps, "failover reads blue's cursor", "WITHOUT")
+    failed_over = _index(steps, "failover commits", "", read)
+    again = _index(steps, "VIOLATION no_double_apply", "", failed_over)
+    assert any(s.startswith("blue") and "commits batch" in s for s in steps[read:failed_over]), steps
+    assert steps[again].endswith("by green"), steps
