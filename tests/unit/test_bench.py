@@ -234,13 +234,24 @@ def test_application_times_join_the_batch_whose_ranges_cover_the_offset() -> Non
     ]
     messages = [
         {"topic": "t", "partition": 0, "offset": o, "instance_id": i, "batch_id": b}
-        for o, i, b in [(0, 1, 0), (1, 1, 0), (2, 1, 1), (3, 1, 1), (4, 2, 0), (5, 2, 0), (5, 1, 1)]
+        for o, i, b in [
+            (0, 1, 0),
+            (1, 1, 0),
+            (2, 1, 1),
+            (3, 1, 1),
+            (4, 2, 0),
+            (5, 2, 0),
+            (5, 1, 1),
+            (9, 1, 2),
+        ]
     ]
     messages.append({"topic": "other", "partition": 0, "offset": 0, "instance_id": 1, "batch_id": 0})
     applied, unmatched = application_times(messages, batches, "t")
     assert applied[(0, 0)] == [10.0] and applied[(0, 3)] == [11.0] and applied[(0, 4)] == [20.0]
-    assert applied[(0, 5)] == [20.0]  # (5, instance 1, batch 1) lies outside batch 1's ranges
-    assert unmatched == 1
+    # (5, instance 1, batch 1): instance 1 wrote it and never committed it (it died; green took the
+    # row over): applied when green's batch covering 5 committed; with green's own row, twice.
+    assert applied[(0, 5)] == [20.0, 20.0]
+    assert unmatched == 1  # offset 9: no commit covers it
 
 
 def test_latency_windows_pause_and_exactly_once_counts() -> None:

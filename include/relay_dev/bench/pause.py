@@ -48,7 +48,9 @@ def application_times(
     messages: Iterable[Mapping[str, Any]], batches: Iterable[Mapping[str, Any]], topic: str
 ) -> tuple[dict[Position, list[float]], int]:
     """Per record, the commit time of every batch that applied it (two = a duplicate), and how many
-    message rows found no covering batch (a bug in the join or the ledger: must be 0)."""
+    message rows found no covering batch (a bug in the join or the ledger: must be 0). A row whose own
+    batch never committed (its instance died after its task wrote; the next one took the row over
+    in the sink, ``relay.protocol.predecessors``) is applied at the first commit that covers it."""
     by_batch: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
     for b in batches:
         by_batch.setdefault((int(b["instance_id"]), int(b["batch_id"])), []).append(b)
@@ -66,11 +68,19 @@ def application_times(
             ),
             None,
         )
+        if hit is None:  # written by an instance that died before its commit and was taken over:
+            hit = _first_cover(batches, topic, part, off)  # applied by the taker's covering commit
         if hit is None:
             unmatched += 1
             continue
         out.setdefault((part, off), []).append(float(hit["committed_at"]))
     return out, unmatched
+
+
+def _first_cover(batches: Iterable[Mapping[str, Any]], topic: str, partition: int, offset: int) -> Any:
+    """The earliest committed batch whose cursor moves cover the offset (None: none did)."""
+    covering = [b for b in batches if covers(b["ranges"], topic, partition, offset)]
+    return min(covering, key=lambda b: float(b["committed_at"]), default=None)
 
 
 def join_samples(produced: Mapping[Position, float], applied: Mapping[Position, list[float]]) -> list[Sample]:
