@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -30,6 +32,17 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Stop a process the test started, by its PID: ``sig``, then SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 class Background(threading.Thread):

@@ -30,7 +30,7 @@ from relay.sinks import kafka_markers as km
 from relay.sinks.base import FencedWriteError, SinkError, SinkUnavailableError, TaskContext
 from relay.sinks.kafka_transactional import CRASH_BEFORE_COMMIT, KafkaTransactionalSink
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, stop_process, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -67,13 +67,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield bootstrap
     finally:
         kc.close_all()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_process(proc, signal.SIGINT)
 
 
 @pytest.fixture()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from relay.ledger.engine import create_ledger
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, stop_process, wait_for
 from tests.integration.helpers import pipeline_run
 
 pytestmark = [
@@ -33,16 +32,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is not installed"),
 ]
 RECORDS = 6000
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @pytest.fixture()
@@ -80,8 +69,8 @@ def scraped(stack: RelayConfig, tmp_path: Path) -> Iterator[tuple[RelayConfig, s
         with pipeline_run(cfg):
             yield cfg, f"http://127.0.0.1:{prom_port}"
     finally:
-        _stop(prom)
-        _stop(exporter)
+        stop_process(prom)
+        stop_process(exporter)
         log.close()
 
 

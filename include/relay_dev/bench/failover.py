@@ -192,6 +192,7 @@ def run_one(ctx: Context, cfg: RelayConfig, settle: float, steady: float) -> dic
         costs["standby waiting"] = cost(app_pids(ledger, standby), steady)
         costs["active, standby waiting"] = cost(app_pids(ledger, _active(cfg, ledger)), 1.0)
         windows["steady, standby waiting"] = (s0, time.time())
+        time.sleep(settle)  # the window's last records applied before any fault (in flight = in it)
         for target in ("python", "jvm"):
             at, back = _kill(cfg, ledger, target, say)
             time.sleep(settle)
@@ -203,6 +204,7 @@ def run_one(ctx: Context, cfg: RelayConfig, settle: float, steady: float) -> dic
         s0 = time.time()
         time.sleep(steady)
         windows["steady, no standby"] = (s0, time.time())
+        time.sleep(settle)
         at, back = _kill(cfg, ledger, "python", say)
         time.sleep(settle)
         windows["SIGKILL python, relaunch (no standby)"] = (at, back + settle)
