@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.engine import Connection
 
 from relay.ledger import schema as s
 from relay.ledger.models import AttemptState, Instance, InstanceState
@@ -150,11 +151,11 @@ def fail_over(
     return data
 
 
-def _beat_since(conn: object, active: Instance, seen: Seen) -> bool:
+def _beat_since(conn: Connection, active: Instance, seen: Seen) -> bool:
     """The attempt the standby judged is still current and beat after the look: alive after all."""
     if active.current_epoch != seen.epoch:
         return False  # a newer attempt: the judged one is gone (a relaunch)
-    row = conn.execute(  # type: ignore[attr-defined]
+    row = conn.execute(
         select(s.attempts.c.state, s.attempts.c.heartbeat_at).where(
             s.attempts.c.instance_id == active.id, s.attempts.c.epoch == seen.epoch
         )
