@@ -139,7 +139,8 @@ def test_page_serves_the_ledger_with_a_real_token(relay_airflow: RelayAirflow) -
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
     assert f'relay_batches_total{{pipeline="orders"}} {float(story.batches)}' in metrics.text
     assert 'relay_pipeline_up{pipeline="orders"} 0.0' in metrics.text
-    assert f'relay_instance_info{{pipeline="orders",instance="{story.instances[-1]}"' in metrics.text
+    newest = [line for line in metrics.text.splitlines() if f'instance="{story.instances[-1]}"' in line]
+    assert len(newest) == 1 and newest[0].startswith("relay_instance_info{") and 'state="ACTIVE"' in newest[0]
 
     t0 = time.monotonic()
     plots = _get(f"{url}/relay/api/pipelines/orders/plots?hours=4", headers=auth).json()
