@@ -74,6 +74,7 @@ def test_the_takeover_fences_the_active_and_opens_the_standby_at_its_cursors(led
     assert done is not None and (done["from_instance"], done["to_instance"]) == (active.id, standby.id)
     assert ledger.instance(active.id).state is InstanceState.FENCED
     assert ledger.instance(standby.id).state is InstanceState.STARTING
+    assert ledger.instance(standby.id).role is None  # the active now, no longer a standby
     old = {le.partition: (le.start_offset, le.end_offset) for le in ledger.leases(active.id)}
     new = {le.partition: (le.start_offset, le.end_offset) for le in ledger.leases(standby.id)}
     assert old == {0: (10, 10), 1: (20, 20)} and new == {0: (10, None), 1: (20, None)}

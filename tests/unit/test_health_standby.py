@@ -20,6 +20,13 @@ FAILOVER = {
 }
 
 
+def test_a_pipeline_without_a_standby_configured_is_told_of_failovers_only() -> None:
+    old = check_standby([inst(2, InstanceState.ACTIVE)], [FAILOVER], None, 150.0, wanted=False)
+    assert old.level is Level.OK and "no hot standby configured" in old.message
+    news = check_standby([inst(2, InstanceState.ACTIVE)], [FAILOVER], None, 50.0, wanted=False)
+    assert news.level is Level.WARN and "failover: instance 1 -> 2" in news.message
+
+
 @pytest.mark.parametrize(
     ("situation", "instances", "failovers", "started", "since", "level", "says"),
     [

@@ -15,11 +15,12 @@ from relay.ledger.models import Instance, InstanceState
 
 
 def check_standby(
-    instances: list[Instance], failovers: list[dict], started: dict | None, since: float
+    instances: list[Instance], failovers: list[dict], started: dict | None, since: float, wanted: bool = True
 ) -> Check:
     """``failovers`` newest first (relay.operations.standby.failovers); ``started``: what this
     check's self-heal did (relay.operations.standby.ensure_standby), None without self-heal;
-    ``since``: the previous check's time (a failover after it is news)."""
+    ``since``: the previous check's time (a failover after it is news); ``wanted``: the pipeline is
+    configured with ``standby = "hot"`` (else only its failovers are news)."""
     from relay.protocol.failover import HOT_STANDBY
 
     waiting = [i for i in instances if i.role == HOT_STANDBY and i.state.standby]
@@ -34,12 +35,14 @@ def check_standby(
     if waiting:
         ready = waiting[0].state is InstanceState.READY
         parts.append(f"hot standby instance {waiting[0].id} {'READY' if ready else 'warming up'}")
+    elif not wanted:
+        parts.append('no hot standby configured (standby = "hot" in the pipelines file)')
     else:
         why = (started or {}).get("reason")
         parts.append("no hot standby" + (f": {why}" if why else ""))
     for f in recent:
         parts.append(f"failover: instance {f['from_instance']} -> {f['to_instance']} ({f['reason']})")
-    level = Level.OK if waiting and not recent else Level.WARN
+    level = Level.OK if (waiting or not wanted) and not recent else Level.WARN
     action = (
         "read the failed-over driver's log (why it died); relay standby starts a standby now"
         if level is Level.WARN

@@ -155,7 +155,8 @@ def _standby_checks(config: RelayConfig, ledger: Ledger, v: Views, heal: bool) -
         except RelayError as exc:
             started = {"standby": "hot", "instance": None, "started": False, "reason": str(exc)}
     since = float(v.previous[0]["created_at"]) if v.previous else 0.0
-    return [check_standby(ledger.instances(config.pipeline), done, started, since)]
+    wanted = config.standby == "hot"
+    return [check_standby(ledger.instances(config.pipeline), done, started, since, wanted)]
 
 
 def _total_lag(offsets: list[dict] | None) -> int | None:

@@ -128,7 +128,7 @@ def fail_over(
         now = time.time()
         ledger.fence(active.id, f"failed over to instance {standby.id}: {reason}", conn)
         taken = ledger.take_over(conn, active.pipeline, standby)
-        ledger.set_instance(standby.id, conn, state=InstanceState.STARTING)
+        ledger.set_instance(standby.id, conn, state=InstanceState.STARTING, role=None)  # the active now
         data = {
             "from_instance": active.id,
             "to_instance": standby.id,
