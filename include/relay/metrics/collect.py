@@ -11,13 +11,13 @@ from sqlalchemy import case, func, select
 
 from relay.config import RelayConfig
 from relay.errors import RelayError
+from relay.health.report import Level
 from relay.ledger import schema as s
 from relay.ledger.store import Ledger
 from relay.operations.status import offsets_view
 from relay.operations.upgrade_state import ALL_TERMINAL
 
 BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-LEVELS = {"OK": 0, "WARN": 1, "CRITICAL": 2}
 Families = dict[str, GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]
 
 
@@ -58,7 +58,14 @@ def families() -> Families:
             "relay_health_timestamp_seconds", "when the last health check ran", labels=["pipeline"]
         ),
         "ops": c(
-            "relay_operations", "operations by kind and end state", labels=["pipeline", "kind", "state"]
+            "relay_operations",
+            "ended operations by kind and end state",
+            labels=["pipeline", "kind", "state"],
+        ),
+        "running": g(
+            "relay_operations_in_progress",
+            "operations in progress by kind and step",
+            labels=["pipeline", "kind", "state"],
         ),
         "last_op": g(
             "relay_operation_last_timestamp_seconds",
@@ -163,7 +170,7 @@ def _health_metrics(config: RelayConfig, ledger: Ledger, out: Families) -> None:
     body = reports[0]["body"]
     out["health_at"].add_metric([config.pipeline], float(reports[0]["created_at"]))
     for check in body.get("checks", []):
-        out["health"].add_metric([config.pipeline, check["name"]], LEVELS.get(check["level"], 2))
+        out["health"].add_metric([config.pipeline, check["name"]], Level(check["level"]).rank)
         if check["name"] == "lag":
             for part in check.get("data", {}).get("partitions", []):
                 if part.get("lag_seconds") is not None:
