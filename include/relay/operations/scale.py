@@ -9,7 +9,6 @@ new instance keeps its resources through relaunches, its hot standby and later u
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from relay.config import RelayConfig
@@ -17,9 +16,9 @@ from relay.config.bounds import MAX_CORES
 from relay.errors import ConfigError, OperationError
 from relay.ledger.models import Instance, InstanceState
 from relay.ledger.store import Ledger
+from relay.pipeline.pipelines_file import SPARK_SIZE
 
 Progress = Callable[[str], None]
-SPARK_SIZE = re.compile(r"^[1-9][0-9]*[kmgt]$")
 
 
 def _noop(_: str) -> None:

@@ -10,6 +10,7 @@ from relay.config import RelayConfig, load_config, pipeline_names
 from relay.errors import LedgerNotFoundError
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
+from relay.operations.standby import failovers
 from relay.sinks.ledger_messages_tables import message_count
 
 
@@ -60,7 +61,7 @@ def status_view(config: RelayConfig, ledger: Ledger | None = None, with_kafka: b
         "instances": instances,
         "upgrades": [r["body"] for r in ledger.reports(config.pipeline, "upgrade", 5)],
         "standby": config.standby,
-        "failovers": [op["data"] for op in ledger.operations(config.pipeline, "failover", 5)],
+        "failovers": failovers(ledger, config.pipeline, 5),
     }
     if with_kafka:
         out["offsets"] = offsets_view(config, ledger)

@@ -20,6 +20,8 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.errors import OperationError, RelayError
 
+from relay_dev.chaos.procs import read_proc
+
 from .cluster import latest_offsets, wait_caught_up
 from .context import Context
 from .pause import (
@@ -74,8 +76,10 @@ def instance_pids(ledger: Any, instance_id: int) -> tuple[int, int]:
     if not running or not running[-1].pid:
         raise OperationError(f"instance {instance_id} has no running attempt")
     python = int(running[-1].pid)
-    fields = _read(f"/proc/{python}/stat").rsplit(")", 1)[1].split()
-    return python, int(fields[1])
+    proc = read_proc(python)
+    if proc is None:
+        raise OperationError(f"instance {instance_id}'s Python driver (pid {python}) is gone")
+    return python, proc.ppid
 
 
 def app_pids(ledger: Any, instance_id: int) -> list[int]:
@@ -85,12 +89,8 @@ def app_pids(ledger: Any, instance_id: int) -> list[int]:
 
     python, jvm = instance_pids(ledger, instance_id)
     app = next(a.app_id for a in reversed(ledger.attempts(instance_id)) if a.state is AttemptState.RUNNING)
-    roots = [jvm]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if app and app in _read(f"/proc/{entry}/cmdline"):
-                    roots.append(int(entry))
+    executors = (read_proc(int(e)) for e in os.listdir("/proc") if e.isdigit())
+    roots = [jvm, *(p.pid for p in executors if p is not None and app and app in p.text)]
     seen: set[int] = set()
     while roots:
         pid = roots.pop()
