@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
+from relay.config.bounds import finite_between
 from relay.errors import RelayError
 from relay.ledger.store import Ledger
 from relay.operations.upgrade_state import ALL_TERMINAL
@@ -24,18 +26,18 @@ AFTER_ENV = "RELAY_FAILOVER_AFTER_S"
 
 def failover_after_s() -> float:
     """The detection bound: ``RELAY_FAILOVER_AFTER_S`` (1 to 300 s) or ``FAILOVER_AFTER_S``."""
-    raw = os.environ.get(AFTER_ENV)
     try:
-        value = float(raw) if raw else FAILOVER_AFTER_S
+        value = float(os.environ.get(AFTER_ENV) or FAILOVER_AFTER_S)
     except ValueError:
-        value = FAILOVER_AFTER_S
-    return value if 1.0 <= value <= 300.0 else FAILOVER_AFTER_S
+        return FAILOVER_AFTER_S
+    return value if finite_between(value, 1.0, 300.0) else FAILOVER_AFTER_S
 
 
-def watch(ledger: Ledger, instance_id: int, pipeline: str, done: threading.Event) -> None:
+def watch(ledger: Ledger, instance_id: int, pipeline: str) -> None:
     """Until this instance stops waiting: look at the active, take over when it is dead."""
     death = DeathWatch(failover_after_s())
-    while not done.wait(POLL_S):
+    while True:
+        time.sleep(POLL_S)
         try:
             me = ledger.instance(instance_id)
             if not me.state.standby or me.stop_requested:
@@ -61,11 +63,8 @@ def watch(ledger: Ledger, instance_id: int, pipeline: str, done: threading.Event
             log.warning("hot standby watch: %s", exc)
 
 
-def start_watch(ledger: Ledger, instance_id: int, pipeline: str) -> threading.Event:
-    """Start the watch thread; set the returned event to end it."""
-    done = threading.Event()
-    threading.Thread(
-        target=watch, args=(ledger, instance_id, pipeline, done), name="relay-hot-standby", daemon=True
-    ).start()
+def start_watch(ledger: Ledger, instance_id: int, pipeline: str) -> None:
+    """Start the watch thread (it ends by itself once the instance no longer waits)."""
+    args = (ledger, instance_id, pipeline)
+    threading.Thread(target=watch, args=args, name="relay-hot-standby", daemon=True).start()
     log.info("hot standby: watching the active (failover after %.1f s of silence)", failover_after_s())
-    return done

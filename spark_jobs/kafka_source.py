@@ -303,9 +303,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return plan(None)
         from relay.protocol.guard import plan_under_guard
 
-        if self._may_hold and (hold := self._read_guard().hold):
-            return None  # a waiting standby, seen without the row lock (a 0.1 s trigger plans 10/s)
-        self._may_hold = self._may_hold and hold
+        if self._may_hold:  # a waiting standby's hold, seen without the row lock (10 plans a second)
+            if self._read_guard().hold:
+                return None
+            self._may_hold = False  # leases now: an instance never holds again
         # Step 1. Plan inside the leases, and record the planned end, under the instance's row lock.
         return plan_under_guard(url, self.settings.instance_id, plan)
 

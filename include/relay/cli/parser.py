@@ -21,7 +21,7 @@ def _add_dev_commands(sub: argparse._SubParsersAction, commands: dict[str, Any])
 
 
 def _upgrade_options(p: argparse.ArgumentParser) -> None:
-    """The plan switch and the gates, shared by upgrade and rollback."""
+    """The plan switch and the gates, shared by upgrade, scale and rollback."""
     p.add_argument("--plan", action="store_true", help="say what would happen and change nothing")
     p.add_argument(
         "--handoff", type=handoff_arg, default="latest", help='"latest" or JSON {"topic": {"0": 42}}'

@@ -145,17 +145,16 @@ def _standby_checks(config: RelayConfig, ledger: Ledger, v: Views, heal: bool) -
     never had a standby."""
     from relay.operations.standby import ensure_standby, failovers
 
-    done = failovers(ledger, config.pipeline)
-    if config.standby != "hot" and not done:
+    done, wanted = failovers(ledger, config.pipeline), config.standby == "hot"
+    if not wanted and not done:
         return []
     started = None
-    if heal and config.heal and config.standby == "hot":
+    if heal and config.heal and wanted:
         try:
             started = ensure_standby(config, ledger)
         except RelayError as exc:
             started = {"standby": "hot", "instance": None, "started": False, "reason": str(exc)}
     since = float(v.previous[0]["created_at"]) if v.previous else 0.0
-    wanted = config.standby == "hot"
     return [check_standby(ledger.instances(config.pipeline), done, started, since, wanted)]
 
 
