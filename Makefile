@@ -23,9 +23,9 @@ test-long: setup
 # The multi-host cluster made of network namespaces (root; issue #14): a master, two workers, a broker, a
 # PostgreSQL ledger and a client host, each with its own address and folders (the others' hidden); ~1.5 min.
 # Then issue #14's acceptance: Relay deploys, upgrades, loses the driver's worker host and recovers on it
-# (~9 min in all). `make test` runs the smoke test only (skipped where namespaces can't be made).
+# (~9 min), and #18's: a hot standby placed on the other host takes over the active's host loss (~5 min). `make test` runs the smoke test only (skipped where namespaces can't be made).
 test-hosts: setup
-	$(PY) -m pytest -q -s -m multihost tests/integration/test_hosts_cluster.py tests/integration/test_hosts_deploy.py
+	$(PY) -m pytest -q -s -m multihost tests/integration/test_hosts_cluster.py tests/integration/test_hosts_deploy.py tests/integration/test_hosts_standby.py
 
 # The browser check (headless Debian Chromium) on the stack `make run` started (RELAY_BROWSER_STACK=running:
 # nothing started or stopped; fails when that stack or its pipeline is not up): upgrades the demo

@@ -38,7 +38,7 @@ SOURCE, PARTITIONS = "bench-src", 4
 def throwaway_broker() -> Iterator[str]:
     """A private noida-db broker on a free loopback port under var/bench/, stopped by PID."""
     from relay_dev.bench import free_port
-    from relay_dev.stack import noida_binary
+    from relay_dev.stack_setup import noida_binary
 
     base = PROJECT_ROOT / "var" / "bench"
     base.mkdir(parents=True, exist_ok=True)

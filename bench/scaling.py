@@ -221,7 +221,7 @@ def broker(work: Path, enabled: bool) -> Iterator[str | None]:
         yield None
         return
     from relay_dev.bench import free_port
-    from relay_dev.stack import noida_binary
+    from relay_dev.stack_setup import noida_binary
 
     port = free_port("127.0.0.1")
     data = work / "kafka"

@@ -92,6 +92,7 @@ def cmd_chaos(cfg: RelayConfig, a: argparse.Namespace) -> Any:
         lock_seconds=a.lock_seconds,
         per_kind=a.per_kind,
         pipeline_code=a.pipeline_code,
+        standby=a.standby,
     )
     result = run_chaos(options, progress=_say, host=cfg.host)
     as_json = getattr(a, "json", False)
@@ -162,6 +163,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[RelayConfig
         default=None,
         help="a pipeline package run instead of the default, examples/counter (the seeds' counter, whose "
         "sink records each applied record in the ledger, where the deep audit counts them)",
+    )
+    ch.add_argument(
+        "--standby",
+        action="store_true",
+        help="two workers and a hot standby on the other worker than the active's (worker and driver "
+        "faults aim at the active's)",
     )
     ch.add_argument(
         "--per-kind",

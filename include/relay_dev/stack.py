@@ -32,13 +32,20 @@ from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.engine import safe_url
 from relay.spark.auth import signer_for
 from relay.spark.install import spark_home
+from relay.spark.placement import resource_name, worker_options
 from relay.spark.rest import SparkStandaloneClient
 
 from relay_dev import keeper
 from relay_dev.ports import port_taken
 from relay_dev.postgres_local import LocalPostgres
 from relay_dev.proc_info import pid_alive, rss_mb, session_pids
-from relay_dev.stack_setup import REST_UNPROTECTED, ensure_ledger, master_properties_file, prepare_data_dir
+from relay_dev.stack_setup import (
+    REST_UNPROTECTED,
+    ensure_ledger,
+    master_properties_file,
+    noida_binary,
+    prepare_data_dir,
+)
 from relay_dev.supervision import Program, ProgramInfo, Supervisor, group_pids
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,7 @@ class Part(StrEnum):
     KAFKA = "kafka"
     SPARK_MASTER = "spark-master"
     SPARK_WORKER = "spark-worker"
+    SPARK_WORKER_2 = "spark-worker-2"  # RELAY_SPARK_WORKERS=2: a second worker, as a second host
     POSTGRES = "postgres"
 
 
@@ -67,20 +75,11 @@ class PartStatus:
     restarts: int = 0
 
 
-def noida_binary() -> Path:
-    """The noida-db binary inside the installed package (its entry point is a Python wrapper)."""
-    import noida_db
-
-    path = Path(noida_db.__file__).parent / "noida-db"
-    if not path.exists():
-        raise StackError(f"noida-db binary not found at {path}: is the noida-db package installed?")
-    return path
-
-
 __all__ = ["LocalStack", "Part", "PartStatus", "group_pids", "pid_alive", "rss_mb", "session_pids"]
 
 
-STOP_ORDER = (Part.SPARK_WORKER, Part.SPARK_MASTER, Part.KAFKA, Part.POSTGRES)
+STOP_ORDER = (Part.SPARK_WORKER_2, Part.SPARK_WORKER, Part.SPARK_MASTER, Part.KAFKA, Part.POSTGRES)
+WORKERS = (Part.SPARK_WORKER, Part.SPARK_WORKER_2)
 
 
 class LocalStack:
@@ -152,17 +151,26 @@ class LocalStack:
             cmd += ["--port", str(p.spark_master), "--webui-port", str(p.spark_master_ui)]
             cmd += ["--properties-file", str(master_properties_file(self.config))]
             return Program(part.value, cmd, env, c.data_dir, "TERM", priority=200)
-        work_dir = c.spark_dir / "work"
+        if part is Part.SPARK_WORKER_2:
+            return self.worker_program(part.value, p.spark_worker2_ui, c.spark_dir / "work-2")
+        return self.worker_program(part.value, p.spark_worker_ui, c.spark_dir / "work")
+
+    def worker_program(self, name: str, ui_port: int, work_dir: Path) -> Program:
+        """A Spark worker of this stack's master: the stack's own, or another one a test adds (a
+        second host for a hot standby). It declares its placement resource (relay.spark.placement)."""
+        c = self.config
         work_dir.mkdir(parents=True, exist_ok=True)
+        env = self._spark_env()
         env["SPARK_WORKER_OPTS"] = (
             "-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600 "
-            "-Dspark.worker.cleanup.appDataTtl=86400"
+            "-Dspark.worker.cleanup.appDataTtl=86400 "
+            + worker_options(resource_name(c.host, ui_port), c.spark_dir / "resources")
         )
         env["SPARK_WORKER_DIR"] = str(work_dir)
-        cmd = [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", c.host]
-        cmd += ["--cores", str(c.worker_cores), "--memory", c.worker_memory, "--work-dir", str(work_dir)]
-        cmd += ["--webui-port", str(p.spark_worker_ui), c.spark_master_url]
-        return Program(part.value, cmd, env, c.data_dir, "TERM", priority=300)
+        cmd = [str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker"]
+        cmd += ["--host", c.host, "--cores", str(c.worker_cores), "--memory", c.worker_memory]
+        cmd += ["--work-dir", str(work_dir), "--webui-port", str(ui_port), c.spark_master_url]
+        return Program(name, cmd, env, c.data_dir, "TERM", priority=300)
 
     def _keeper(self) -> Program:
         """``relay_dev.keeper``: supervisord back when it dies (first started, last stopped)."""
@@ -176,8 +184,13 @@ class LocalStack:
             Part.KAFKA: [p.kafka],
             Part.SPARK_MASTER: [p.spark_master, p.spark_master_ui, p.spark_rest],
             Part.SPARK_WORKER: [p.spark_worker_ui],
+            Part.SPARK_WORKER_2: [p.spark_worker2_ui],
             Part.POSTGRES: [p.postgres],
         }[part]
+
+    def worker_ui_port(self, part: Part) -> int:
+        """The web UI port of worker ``part``: how the master's view tells the two workers apart."""
+        return self._ports(part)[0]
 
     def _address(self, part: Part) -> str:
         c = self.config
@@ -185,6 +198,7 @@ class LocalStack:
             Part.KAFKA: c.kafka_bootstrap,
             Part.SPARK_MASTER: f"{c.spark_master_url} ui={c.spark_master_ui_url} rest={c.spark_rest_url}",
             Part.SPARK_WORKER: f"http://{c.host}:{c.ports.spark_worker_ui}",
+            Part.SPARK_WORKER_2: f"http://{c.host}:{c.ports.spark_worker2_ui}",
             Part.POSTGRES: f"{c.host}:{c.ports.postgres}",
         }[part]
 
@@ -218,15 +232,16 @@ class LocalStack:
                     f"status {state.status}, REST {'ready (signed requests only)' if rest else 'not ready'}"
                 )
                 return state.alive and rest, detail
-            if part is Part.SPARK_WORKER:
+            if part in WORKERS:
                 client = self._client()
                 try:
                     state = client.master_state()
                 finally:
                     client.close()
-                ui = f":{self.config.ports.spark_worker_ui}"
+                ui = f":{self._ports(part)[0]}"
                 mine = [w for w in state.workers if w.state == "ALIVE" and w.host == self.config.host]
-                mine = [w for w in mine if ui in (w.webui or "")] or mine
+                by_ui = [w for w in mine if ui in (w.webui or "")]
+                mine = by_ui if by_ui or part is Part.SPARK_WORKER_2 else mine
                 if not mine:
                     return False, "not registered with the master"
                 w = mine[0]
@@ -265,6 +280,8 @@ class LocalStack:
         if with_postgres is None:
             with_postgres = Part.POSTGRES.value in self.supervisor.configured()
         base = [Part.KAFKA, Part.SPARK_MASTER, Part.SPARK_WORKER]
+        if self.config.spark_workers > 1 or Part.SPARK_WORKER_2.value in self.supervisor.configured():
+            base.append(Part.SPARK_WORKER_2)
         return [*base, Part.POSTGRES] if with_postgres else base
 
     def pid(self, part: Part | str) -> int | None:

@@ -68,3 +68,13 @@ def ensure_ledger(config: RelayConfig, progress: Callable[[str], None]) -> dict[
     where = safe_url(config.ledger_url)
     progress(f"ledger: {'created' if created else 'found'} at {where}")
     return {"url": where, "created": created}
+
+
+def noida_binary() -> Path:
+    """The noida-db binary inside the installed package (its entry point is a Python wrapper)."""
+    import noida_db
+
+    path = Path(noida_db.__file__).parent / "noida-db"
+    if not path.exists():
+        raise StackError(f"noida-db binary not found at {path}: is the noida-db package installed?")
+    return path

@@ -30,6 +30,7 @@ def stack_env(data_dir: Path) -> dict[str, str]:
         "RELAY_SPARK_MASTER_UI_PORT": str(free_port()),
         "RELAY_SPARK_REST_PORT": str(free_port()),
         "RELAY_SPARK_WORKER_UI_PORT": str(free_port()),
+        "RELAY_SPARK_WORKER2_UI_PORT": str(free_port()),
         "RELAY_POSTGRES_PORT": str(free_port()),
         "RELAY_WORKER_CORES": "6",  # the embedded default: two pipelines, a standby or green
         "RELAY_WORKER_MEMORY": "3g",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +27,7 @@ from relay.spark.driver_properties import driver_environment, driver_properties
 from relay.spark.launcher import driver_args, driver_output, spark_client, submission_environment
 from relay_dev.airflow_local import airflow_env
 
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 
 def start_rogue_app(cfg: RelayConfig, name: str, seconds: int = 300) -> str:
@@ -261,3 +264,61 @@ def example_package(example: Path, folder: Path, cfg: RelayConfig, name: str) ->
         text = text.replace(old, new)
     code.write_text(text)
     return package
+
+
+class SecondWorker:
+    """Another Spark worker of the test stack's master, as a second host: its own process group
+    (the worker, the drivers and executors it starts), so a SIGKILL of the group is a host loss."""
+
+    def __init__(self, cfg: RelayConfig, work_dir: Path) -> None:
+        from relay_dev.stack import LocalStack
+
+        self.cfg, self.ui_port = cfg, free_port()
+        self.program = LocalStack(cfg).worker_program("second-worker", self.ui_port, work_dir)
+        self.log = work_dir / "worker.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.program.command,
+                env=self.program.env,
+                cwd=str(self.program.cwd),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        wait_for("the second worker to register with the master", lambda: self.worker_id() is not None)
+
+    def worker_id(self) -> str | None:
+        """Its id while the master lists it ALIVE."""
+        workers = spark_client(self.cfg).master_state().workers
+        return next(
+            (w.id for w in workers if w.state == "ALIVE" and w.webui.endswith(f":{self.ui_port}")), None
+        )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole group (by its PID, the group leader's) and reap the worker."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@contextmanager
+def second_worker(cfg: RelayConfig, work_dir: Path) -> Iterator[SecondWorker]:
+    """A :class:`SecondWorker`, started; its group stopped (TERM, then KILL) whatever happens."""
+    worker = SecondWorker(cfg, work_dir)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        if worker.proc is not None:
+            try:
+                os.killpg(worker.proc.pid, signal.SIGTERM)
+                worker.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                worker.kill()

@@ -288,7 +288,7 @@ def test_provider_submit_hook_starts_a_cluster_driver(
     """The alternative launcher path (SparkSubmitHook + PythonRunner + a carrier jar) really runs the job."""
     from relay.ledger.models import Color
     from relay.operations.deploy import create_instance
-    from relay.spark.launcher import wait_until_active
+    from relay.spark.first_commit import wait_until_active
 
     for key, value in airflow_env(stack).items():  # connections, incl. relay_spark_submit
         if key.startswith("AIRFLOW") or key == "PATH":  # PATH: the hook finds spark-submit in the venv

@@ -16,7 +16,8 @@ from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.spark.driver_properties import driver_environment, driver_properties
-from relay.spark.launcher import FirstCommitWait, spark_client
+from relay.spark.first_commit import FirstCommitWait
+from relay.spark.launcher import spark_client
 from relay.spark.rest import DriverState, MasterState
 
 from tests.conftest import wait_for

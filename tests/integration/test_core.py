@@ -35,7 +35,9 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     first = deploy(cfg, version="v1", wait_s=240)
     inst_id = first["instance_id"]
 
-    # 20,000 messages in all, produced while the driver is SIGKILLed at three moments.
+    # 20,000 messages in all, produced while the driver is SIGKILLed mid-backlog (more kills, at
+    # random moments: the short chaos run; a kill between the tasks' writes and the commit:
+    # test_crash_points and test_user_pipeline_dags).
     producer = threading.Thread(
         target=produce,
         args=(cfg.kafka_bootstrap, cfg.topic, 18000, 600.0),
@@ -43,19 +45,15 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     )
     producer.start()
     try:
-        for round_ in range(3):
-            attempt_id, pid = python_driver_pid(ledger, inst_id)
-            batches_before = len(ledger.recent_batches(cfg.pipeline, 1000, inst_id))
-            # moment 1: right after start; 2: after a few more batches; 3: mid-backlog
-            wait_for(
-                "batches before the kill",
-                lambda b=batches_before, r=round_: (
-                    len(ledger.recent_batches(cfg.pipeline, 1000, inst_id)) >= b + r
-                ),
-                timeout=120,
-            )
-            os.kill(pid, signal.SIGKILL)
-            wait_relaunched(ledger, inst_id, attempt_id, timeout=180)
+        attempt_id, pid = python_driver_pid(ledger, inst_id)
+        batches_before = len(ledger.recent_batches(cfg.pipeline, 1000, inst_id))
+        wait_for(
+            "batches before the kill",
+            lambda: len(ledger.recent_batches(cfg.pipeline, 1000, inst_id)) >= batches_before + 2,
+            timeout=120,
+        )
+        os.kill(pid, signal.SIGKILL)
+        wait_relaunched(ledger, inst_id, attempt_id, timeout=180)
     finally:
         producer.join()
     wait_for("the job to catch up", lambda: caught_up(cfg, ledger), timeout=300, interval=1)
@@ -63,7 +61,7 @@ def test_kills_stop_restart_poison_and_data_loss_on_the_cluster(pipeline_config:
     assert report.ok, report.to_json()
     assert sum(p.applied_once for p in report.partitions) == 20005
     assert report.message_count == 20000 and sum(p.dead_letters for p in report.partitions) == 5
-    assert len(ledger.attempts(inst_id)) >= 4
+    assert len(ledger.attempts(inst_id)) >= 2
 
     # Graceful stop: between batches, offsets == commits, nothing of the pipeline left in the master.
     result = stop(cfg, timeout_s=120)

@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,14 +111,14 @@ def driver_placement(cluster: NamespaceCluster, env: dict[str, str]) -> dict[str
     return cluster.call_in("client", look)
 
 
-def test_deploy_upgrade_host_loss_and_recovery_on_the_namespace_cluster() -> None:
-    phase = Phases()
-    stale = cleanup_stale()
-    if stale:
+@contextlib.contextmanager
+def cluster_run() -> Iterator[tuple[NamespaceCluster, Path]]:
+    """A namespace cluster of 3 cores / 2 GiB per worker (blue and green, a driver and two executors
+    each, fit side by side; after a host loss one worker still holds a driver and two executors),
+    torn down whatever happens; its run folder removed when the test passed."""
+    if stale := cleanup_stale():
         print(f"cleaned up stale runs: {stale}")
     run_dir = new_run_dir()
-    # 3 cores / 2 GiB per worker: blue (driver + 2 executors) and green (the same) fit side by side
-    # during the upgrade; after the host loss one worker still holds a driver and two executors.
     cluster = NamespaceCluster(
         run_dir,
         progress=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True),
@@ -126,102 +127,106 @@ def test_deploy_upgrade_host_loss_and_recovery_on_the_namespace_cluster() -> Non
     )
     try:
         with cluster:
-            with phase("up"):
-                info = cluster.up()
-            env = info.client_env  # the README's cluster settings, nothing added
-            assert env["RELAY_ARTIFACT_STORE"] == "ledger"
-            assert env["RELAY_CHECKPOINT_ROOT"] == info.checkpoint_root.as_uri()
-            workers = {info.addresses["worker1"], info.addresses["worker2"]}
-            client_dir = run_dir / "client"
-            (client_dir / "pipelines.toml").write_text(PIPELINES_FILE)  # the client's data dir
-            sent = 0
-
-            with phase("ledger init + produce"):
-                relay(cluster, env, "ledger", "init")
-                sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
-
-            with phase("deploy v1 (first commit)"):
-                deployed = relay(cluster, env, "deploy", "--version", "v1", "--wait", "400")
-            print(f"deploy: {deployed}")
-            blue = driver_placement(cluster, env)
-            print(f"blue: {blue}")
-            assert blue["driver_host"] in workers, blue
-            assert blue["submission"] in blue["attempt_drivers"], blue
-            assert blue["checkpoint_dir"].startswith(str(info.checkpoint_root)), blue
-            assert any("from the ledger" in line for line in blue["bootstrap_lines"]), blue
-            assert set(blue["executor_hosts"]) == workers, f"one pipeline's tasks on both workers: {blue}"
-            # The artifact the client built is on the client's disk, which no worker sees.
-            assert list(client_dir.rglob("v1/relay_job.zip")), "relay deploy built v1 on the client"
-            for worker in ("worker1", "worker2"):
-                seen = cluster.run_on(worker, ["ls", "-A", str(client_dir)])
-                assert seen.stdout.split() == [], (worker, seen.stdout)
-            with phase("v1 applies every message"):
-                wait_applied(cluster, env, sent)
-
-            with phase("upgrade v1 -> v2"):
-                relay(cluster, env, "build", "--version", "v2")
-                upgraded = relay(cluster, env, "upgrade", "--version", "v2", timeout=900)
-            print(f"upgrade: {json.dumps(upgraded, default=str)[:2000]}", flush=True)
-            green = driver_placement(cluster, env)
-            print(f"green: {green}")
-            assert green["instance"] != blue["instance"] and green["state"] == "ACTIVE", green
-            assert green["driver_host"] in workers, green
-            assert any("experience v2" in line for line in green["bootstrap_lines"]), green
-            assert [a["name"] for a in running_apps(cluster, env)] == [
-                f"relay-experience-{green['instance']}"
-            ]
-            sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
-            with phase("v2 applies the new messages"):
-                wait_applied(cluster, env, sent)
-
-            with phase("host loss: driver relaunched on the other worker"):
-                sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
-                lost_host = lose_driver_host(cluster, env, green)
-            print(f"after host loss: {lost_host}")
-            assert lost_host["driver_host"] in workers - {green["driver_host"]}, lost_host
-            assert lost_host["submission"] != green["submission"], lost_host  # Relay follows the new driver
-            assert lost_host["attempt_drivers"][-1] == lost_host["submission"], lost_host
-            with phase("the relaunched driver applies the rest"):
-                wait_applied(cluster, env, sent)
-
-            with phase("stop"):
-                relay(cluster, env, "stop", timeout=300)
-            assert driver_placement(cluster, env)["state"] == "STOPPED"
-            assert running_apps(cluster, env) == []
-
-            # Retention deletes records the stopped pipeline never read; the recovery declares them.
-            sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
-            lost = cluster.call_in("client", lambda: delete_unread(env, partition=0, keep=20))
-            print(f"deleted {lost} unread records of partition 0", flush=True)
-            assert lost > 0
-            checkpoint = driver_placement(cluster, env)["checkpoint_dir"]
-            with phase("recover (earliest) + first commit"):
-                recovered = relay(
-                    cluster, env, "recover", "--strategy", "earliest", "--execute", "--reason", "host test"
-                )
-            print(f"recover: {json.dumps(recovered, default=str)[:2000]}", flush=True)
-            archived = cluster.call_in("client", lambda: archived_checkpoints(env))
-            assert any(a.startswith(checkpoint + ".archived-") for a in archived), (archived, checkpoint)
-            for folder in map(Path, archived):  # archived, never deleted, on the shared store
-                assert folder.is_dir() and folder.is_relative_to(info.checkpoint_root), folder
-            assert not Path(checkpoint).exists()
-            after = driver_placement(cluster, env)
-            assert after["state"] == "ACTIVE" and after["driver_host"] == lost_host["driver_host"], after
-            with phase("the recovered instance applies the rest"):
-                report = wait_applied(cluster, env, sent - lost, lost=lost)
-            assert [p["declared_lost"] for p in report["partitions"]][0] == lost, report
-
-            with phase("stop + audit --deep"):
-                relay(cluster, env, "stop", timeout=300)
-                assert relay(cluster, env, "audit", "--deep", timeout=300)["ok"]
-            assert running_apps(cluster, env) == []
-            with phase("down"):
-                cluster.down()
-        phase.report()
+            yield cluster, run_dir
     finally:
         with contextlib.suppress(Exception):
             cleanup(run_dir)
     remove_run_dir(run_dir)
+
+
+def test_deploy_upgrade_host_loss_and_recovery_on_the_namespace_cluster() -> None:
+    phase = Phases()
+    with cluster_run() as (cluster, run_dir):
+        with phase("up"):
+            info = cluster.up()
+        env = info.client_env  # the README's cluster settings, nothing added
+        assert env["RELAY_ARTIFACT_STORE"] == "ledger"
+        assert env["RELAY_CHECKPOINT_ROOT"] == info.checkpoint_root.as_uri()
+        workers = {info.addresses["worker1"], info.addresses["worker2"]}
+        client_dir = run_dir / "client"
+        (client_dir / "pipelines.toml").write_text(PIPELINES_FILE)  # the client's data dir
+        sent = 0
+
+        with phase("ledger init + produce"):
+            relay(cluster, env, "ledger", "init")
+            sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
+
+        with phase("deploy v1 (first commit)"):
+            deployed = relay(cluster, env, "deploy", "--version", "v1", "--wait", "400")
+        print(f"deploy: {deployed}")
+        blue = driver_placement(cluster, env)
+        print(f"blue: {blue}")
+        assert blue["driver_host"] in workers, blue
+        assert blue["submission"] in blue["attempt_drivers"], blue
+        assert blue["checkpoint_dir"].startswith(str(info.checkpoint_root)), blue
+        assert any("from the ledger" in line for line in blue["bootstrap_lines"]), blue
+        assert set(blue["executor_hosts"]) == workers, f"one pipeline's tasks on both workers: {blue}"
+        # The artifact the client built is on the client's disk, which no worker sees.
+        assert list(client_dir.rglob("v1/relay_job.zip")), "relay deploy built v1 on the client"
+        for worker in ("worker1", "worker2"):
+            seen = cluster.run_on(worker, ["ls", "-A", str(client_dir)])
+            assert seen.stdout.split() == [], (worker, seen.stdout)
+        with phase("v1 applies every message"):
+            wait_applied(cluster, env, sent)
+
+        with phase("upgrade v1 -> v2"):
+            relay(cluster, env, "build", "--version", "v2")
+            upgraded = relay(cluster, env, "upgrade", "--version", "v2", timeout=900)
+        print(f"upgrade: {json.dumps(upgraded, default=str)[:2000]}", flush=True)
+        green = driver_placement(cluster, env)
+        print(f"green: {green}")
+        assert green["instance"] != blue["instance"] and green["state"] == "ACTIVE", green
+        assert green["driver_host"] in workers, green
+        assert any("experience v2" in line for line in green["bootstrap_lines"]), green
+        assert [a["name"] for a in running_apps(cluster, env)] == [f"relay-experience-{green['instance']}"]
+        sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
+        with phase("v2 applies the new messages"):
+            wait_applied(cluster, env, sent)
+
+        with phase("host loss: driver relaunched on the other worker"):
+            sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
+            lost_host = lose_driver_host(cluster, env, green)
+        print(f"after host loss: {lost_host}")
+        assert lost_host["driver_host"] in workers - {green["driver_host"]}, lost_host
+        assert lost_host["submission"] != green["submission"], lost_host  # Relay follows the new driver
+        assert lost_host["attempt_drivers"][-1] == lost_host["submission"], lost_host
+        with phase("the relaunched driver applies the rest"):
+            wait_applied(cluster, env, sent)
+
+        with phase("stop"):
+            relay(cluster, env, "stop", timeout=300)
+        assert driver_placement(cluster, env)["state"] == "STOPPED"
+        assert running_apps(cluster, env) == []
+
+        # Retention deletes records the stopped pipeline never read; the recovery declares them.
+        sent += relay(cluster, env, "produce", "--count", str(MESSAGES))["sent"]
+        lost = cluster.call_in("client", lambda: delete_unread(env, partition=0, keep=20))
+        print(f"deleted {lost} unread records of partition 0", flush=True)
+        assert lost > 0
+        checkpoint = driver_placement(cluster, env)["checkpoint_dir"]
+        with phase("recover (earliest) + first commit"):
+            recovered = relay(
+                cluster, env, "recover", "--strategy", "earliest", "--execute", "--reason", "host test"
+            )
+        print(f"recover: {json.dumps(recovered, default=str)[:2000]}", flush=True)
+        archived = cluster.call_in("client", lambda: archived_checkpoints(env))
+        assert any(a.startswith(checkpoint + ".archived-") for a in archived), (archived, checkpoint)
+        for folder in map(Path, archived):  # archived, never deleted, on the shared store
+            assert folder.is_dir() and folder.is_relative_to(info.checkpoint_root), folder
+        assert not Path(checkpoint).exists()
+        after = driver_placement(cluster, env)
+        assert after["state"] == "ACTIVE" and after["driver_host"] == lost_host["driver_host"], after
+        with phase("the recovered instance applies the rest"):
+            report = wait_applied(cluster, env, sent - lost, lost=lost)
+        assert [p["declared_lost"] for p in report["partitions"]][0] == lost, report
+
+        with phase("stop + audit --deep"):
+            relay(cluster, env, "stop", timeout=300)
+            assert relay(cluster, env, "audit", "--deep", timeout=300)["ok"]
+        assert running_apps(cluster, env) == []
+        with phase("down"):
+            cluster.down()
+        phase.report()
 
 
 def wait_applied(

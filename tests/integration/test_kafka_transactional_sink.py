@@ -41,7 +41,7 @@ READ_TIMEOUT_S = 60.0
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A noida-db broker on a free 127.0.0.1 port; 'host:port'."""
-    from relay_dev.stack import noida_binary
+    from relay_dev.stack_setup import noida_binary
 
     port = free_port()
     data_dir = tmp_path_factory.mktemp("noida_txsink")

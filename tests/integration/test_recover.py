@@ -24,7 +24,10 @@ from tests.conftest import wait_for
 from tests.counter_batches import counted
 from tests.integration.helpers import caught_up, dag_test
 
-pytestmark = pytest.mark.integration
+# make test-long: `make test` recovers through relay_recover (test_user_pipeline_dags), a stateful
+# pipeline (test_user_path_stateful) and from every crash point (test_crash_points); the fail-fast
+# data-loss message is asserted by test_core.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture()

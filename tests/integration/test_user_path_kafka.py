@@ -36,7 +36,7 @@ from relay.operations.upgrade import UpgradeState, open_upgrade
 from relay.operations.waits import DrainedWait, wait_in_process
 from relay.sinks import kafka_clients as kc
 from relay.sinks.kafka_transactional import KafkaTransactionalSink
-from relay.spark.launcher import FirstCommitWait
+from relay.spark.first_commit import FirstCommitWait
 
 from tests.conftest import wait_for
 from tests.integration.helpers import (

@@ -32,7 +32,10 @@ from tests.conftest import wait_for
 from tests.integration.helpers import caught_up, print_drivers, python_driver_pid, wait_relaunched
 from tests.integration.json_users import EXAMPLE, IDS, expected, produce_versions, table
 
-pytestmark = pytest.mark.integration
+# make test-long: test_user_pipeline_dags runs this example through the same kills (a task inside its
+# upsert transaction, the driver between its tasks' writes and its commit) by the DAGs, then an
+# upgrade and a recovery; this CLI variant adds a SIGKILL mid-stream (the short chaos run has those).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _kib(pid: int, field: str) -> int:

@@ -22,7 +22,7 @@ from relay.config import load_config
 from relay.errors import OperationError, SparkError
 from relay.ledger.models import Instance, InstanceState
 from relay.ledger.store import Ledger
-from relay.spark import driver_logs, launcher
+from relay.spark import driver_logs, first_commit, launcher
 from relay.spark.driver_logs import (
     DriverLogUnavailable,
     LaunchCounter,
@@ -208,12 +208,12 @@ def test_worker_connection_errors_and_http_errors_are_spark_errors(monkeypatch: 
 
 def test_start_watch_reports_a_relaunched_driver(fake_spark: FakeSpark, tmp_path: Path) -> None:
     config = load_config({"RELAY_DATA_DIR": str(tmp_path), "RELAY_SPARK_MASTER_UI_PORT": "46211"})
-    watch = launcher._StartWatch(config, DRIVER)
+    watch = first_commit._StartWatch(config, DRIVER)
     assert watch.check(0) is None  # not yet: checks are spaced out
     assert fake_spark.reads == []
     watch._next_check = 0.0
     assert "launched 2 times without a first commit" in (watch.check(0) or "")
-    assert launcher._StartWatch(config, "local-123").check(0) is None  # local drivers: no supervisor
+    assert first_commit._StartWatch(config, "local-123").check(0) is None  # local drivers: no supervisor
 
 
 def test_a_driver_killed_after_it_took_its_attempt_is_no_start_failure(
@@ -222,7 +222,7 @@ def test_a_driver_killed_after_it_took_its_attempt_is_no_start_failure(
     """Issue #34: one SIGKILL of green after the handoff aborted the upgrade ("launched 2 times");
     a launch that took its attempt in the ledger got past its start: supervision brings it back."""
     config = load_config({"RELAY_DATA_DIR": str(tmp_path), "RELAY_SPARK_MASTER_UI_PORT": "46211"})
-    watch = launcher._StartWatch(config, DRIVER)
+    watch = first_commit._StartWatch(config, DRIVER)
     watch._next_check = 0.0
     assert watch.check(1) is None  # two launches, one took its attempt: one crash at most
     watch._next_check = 0.0
@@ -277,11 +277,11 @@ def test_wait_until_active_fails_fast_on_a_relaunched_driver_with_its_error(
     fake_spark: FakeSpark, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     config = load_config({"RELAY_DATA_DIR": str(tmp_path)})
-    monkeypatch.setattr(launcher, "START_CHECK_EVERY_S", 0.0)
-    monkeypatch.setattr(launcher, "driver_running", lambda config, submission: True)  # master: RUNNING
+    monkeypatch.setattr(first_commit, "START_CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(first_commit, "driver_running", lambda config, submission: True)  # master: RUNNING
     ledger = cast(Ledger, _FakeLedger(DRIVER, "relay-p-7"))
     with pytest.raises(OperationError) as caught:
-        launcher.wait_until_active(config, ledger, 7, timeout_s=600)
+        first_commit.wait_until_active(config, ledger, 7, timeout_s=600)
     message = str(caught.value)
     assert "launched 2 times" in message and message.splitlines()[-1] == IMPORT_ERROR
 
@@ -303,5 +303,5 @@ def test_wait_until_active_names_the_error_of_a_local_driver_that_exited(tmp_pat
     dead.wait()
     ledger = cast(Ledger, _FakeLedger(f"local-{dead.pid}", "relay-p-7"))
     with pytest.raises(OperationError, match="is not running") as caught:
-        launcher.wait_until_active(config, ledger, 7, timeout_s=600)
+        first_commit.wait_until_active(config, ledger, 7, timeout_s=600)
     assert str(caught.value).splitlines()[-1] == f"ModuleNotFoundError: No module named '{MISSING_MODULE}'"

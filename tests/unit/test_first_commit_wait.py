@@ -11,18 +11,20 @@ from relay.config import load_config
 from relay.errors import OperationError
 from relay.ledger.models import AttemptState, Color, InstanceState
 from relay.ledger.store import Ledger
-from relay.spark import launcher
+from relay.spark import first_commit
 
 
 @pytest.fixture()
-def waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[launcher.FirstCommitWait, Ledger, int]:
+def waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[first_commit.FirstCommitWait, Ledger, int]:
     config = load_config({"RELAY_DATA_DIR": str(tmp_path)})
     ledger = Ledger(config.ledger_url, create=True)
     with ledger.tx() as conn:
         inst = ledger.create_instance(conn, "p", "v2", Color.GREEN, "", "g", state=InstanceState.STARTING)
     ledger.set_instance(inst.id, submission_id="local-1")  # local: no supervisor to read
-    monkeypatch.setattr(launcher, "driver_running", lambda config, submission: True)
-    return launcher.FirstCommitWait(config, ledger, inst.id), ledger, inst.id
+    monkeypatch.setattr(first_commit, "driver_running", lambda config, submission: True)
+    return first_commit.FirstCommitWait(config, ledger, inst.id), ledger, inst.id
 
 
 def test_a_relaunched_driver_that_superseded_a_killed_attempt_is_still_awaited(waiting) -> None:  # noqa: ANN001

@@ -132,9 +132,10 @@ def submit_from_store(
     art: Artifact,
     driver_args: list[str],
     env_vars: dict[str, str],
+    placement: dict[str, str] | None = None,
 ) -> str:
     """Publish ``art`` to the ledger, then submit the bootstrap for it; returns the driver id."""
     held = publish(ledger, config.pipeline, art)
     args = bootstrap_args(config.pipeline, art.version, held.code_hash, driver_args)
-    props = anywhere_properties(config, app_name)
+    props = {**anywhere_properties(config, app_name), **(placement or {})}
     return client.submit_python(str(BOOTSTRAP), args, props, anywhere_environment(env_vars))

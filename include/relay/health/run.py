@@ -26,6 +26,7 @@ from relay.health.report import (
     Thresholds,
 )
 from relay.health.views import Views, gather, identity_changes, retention_ms_of
+from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
 from relay.operations.heal import Relaunch
 from relay.operations.inventory import Inventory
@@ -155,7 +156,22 @@ def _standby_checks(config: RelayConfig, ledger: Ledger, v: Views, heal: bool) -
         except RelayError as exc:
             started = {"standby": "hot", "instance": None, "started": False, "reason": str(exc)}
     since = float(v.previous[0]["created_at"]) if v.previous else 0.0
-    return [check_standby(ledger.instances(config.pipeline), done, started, since, wanted)]
+    instances = ledger.instances(config.pipeline)
+    return [check_standby(instances, done, started, since, wanted, _shares_worker(v, instances))]
+
+
+def _shares_worker(v: Views, instances: list[Instance]) -> bool:
+    """The waiting standby's driver is on the active's worker, another having room (the master's view)."""
+    from relay.operations.standby import hot_standbys
+    from relay.spark.placement import active_beside, shares_worker
+
+    waiting = hot_standbys([i for i in instances if i.state.live])
+    if not waiting or v.inventory.master is None:
+        return False
+    active = active_beside(instances, waiting[0])
+    return active is not None and shares_worker(
+        v.inventory.master, active.submission_id, waiting[0].submission_id
+    )
 
 
 def _total_lag(offsets: list[dict] | None) -> int | None:

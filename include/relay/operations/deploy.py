@@ -15,7 +15,8 @@ from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import no_room, take_inventory
 from relay.spark.capacity import HOW_TO_MAKE_ROOM
-from relay.spark.launcher import app_name, launch, wait_until_active
+from relay.spark.first_commit import wait_until_active
+from relay.spark.launcher import app_name, launch
 
 Progress = Callable[[str], None]
 STARTING_POSITIONS = ("earliest", "latest")

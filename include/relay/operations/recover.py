@@ -19,7 +19,7 @@ from relay.operations import recover_steps as steps
 from relay.operations.recover_plan import STRATEGIES, PartitionPlan, RecoveryPlan, plan_recovery
 from relay.operations.recover_steps import RecoveryState, _open_new_instance
 from relay.operations.upgrade_steps import ALL_TERMINAL
-from relay.spark.launcher import wait_until_active
+from relay.spark.first_commit import wait_until_active
 
 __all__ = [
     "STRATEGIES",

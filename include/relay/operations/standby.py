@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import closing
 
 from relay.config import RelayConfig
 from relay.errors import RelayError
@@ -20,7 +21,8 @@ from relay.operations.deploy import launch_or_fail
 from relay.operations.inventory import no_room, take_inventory
 from relay.operations.upgrade_state import ALL_TERMINAL
 from relay.protocol.failover import FAILOVER_KIND, HOT_STANDBY
-from relay.spark.launcher import LOCAL_PREFIX, app_name
+from relay.spark.launcher import LOCAL_PREFIX, app_name, spark_client
+from relay.spark.placement import active_beside, shares_worker
 
 Progress = Callable[[str], None]
 FAILED_BUDGET = 3
@@ -38,6 +40,23 @@ def _noop(_: str) -> None:
 def hot_standbys(instances: list[Instance]) -> list[Instance]:
     """The live hot standbys among ``instances`` (waiting: no lease yet)."""
     return [i for i in instances if i.role == HOT_STANDBY and i.state.standby]
+
+
+def _misplaced(config: RelayConfig, live: list[Instance], standby: Instance, progress: Progress) -> bool:
+    """The standby runs on the active's worker while another worker has room for it (it came up
+    while that worker was away, e.g. during the host loss it took over from)."""
+    active = active_beside(live, standby)
+    if active is None or (standby.submission_id or LOCAL_PREFIX).startswith(LOCAL_PREFIX):
+        return False
+    try:
+        with closing(spark_client(config)) as client:
+            state = client.master_state()
+    except RelayError:
+        return False
+    if not shares_worker(state, active.submission_id, standby.submission_id):
+        return False
+    progress(f"the hot standby (instance {standby.id}) runs on the active's worker: moving it to another")
+    return True
 
 
 def _why_not(config: RelayConfig, ledger: Ledger, live: list[Instance], now: float) -> str | None:
@@ -76,9 +95,14 @@ def ensure_standby(
         return {"standby": "none"}
     live = ledger.instances(config.pipeline, live_only=True)
     waiting = hot_standbys(live)
-    if waiting:
+    if waiting and not _misplaced(config, live, waiting[0], progress):
         first = waiting[0]
         return {"standby": "hot", "instance": first.id, "state": first.state.value, "started": False}
+    if waiting:  # stopped: a new one is placed on another worker than the active's
+        from relay.operations.stop import stop_instance
+
+        stop_instance(config, ledger, waiting[0], timeout_s=60.0, progress=progress)
+        live = ledger.instances(config.pipeline, live_only=True)
     reason = _why_not(config, ledger, live, time.time())
     local = local or any((i.submission_id or "").startswith(LOCAL_PREFIX) for i in live)
     inv = None if reason or local else take_inventory(config, ledger, reconcile=False)

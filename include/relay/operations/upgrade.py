@@ -38,7 +38,8 @@ from relay.operations.waits import (
     WaitTimeout,
     wait_in_process,
 )
-from relay.spark.launcher import FirstCommitWait, driver_running
+from relay.spark.first_commit import FirstCommitWait
+from relay.spark.launcher import driver_running
 
 __all__ = ["ALL_TERMINAL", "TERMINAL", "UpgradeState", "open_upgrade", "parse_handoff", "upgrade"]
 

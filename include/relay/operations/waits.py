@@ -16,7 +16,8 @@ from relay.errors import OperationError
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
-from relay.spark.launcher import FirstCommitWait, driver_running
+from relay.spark.first_commit import FirstCommitWait
+from relay.spark.launcher import driver_running
 
 FIRST_COMMIT = "first_commit"
 READY = "ready"

@@ -132,6 +132,7 @@ class SparkWorker:
     memory_mb: int
     memory_used_mb: int
     webui: str = ""
+    resources: tuple[str, ...] = ()  # names of the custom resources it declares (relay.spark.placement)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SparkWorker:
@@ -144,6 +145,7 @@ class SparkWorker:
             memory_mb=int(raw.get("memory", 0) or 0),
             memory_used_mb=int(raw.get("memoryused", 0) or 0),
             webui=str(raw.get("webuiaddress", "")),
+            resources=tuple(sorted((raw.get("resources") or {}).keys())),
         )
 
 

@@ -35,6 +35,7 @@ def bench_config(data_dir: Path, options: BenchOptions, host: str = "127.0.0.1")
         "RELAY_SPARK_MASTER_UI_PORT": str(free_port(host)),
         "RELAY_SPARK_REST_PORT": str(free_port(host)),
         "RELAY_SPARK_WORKER_UI_PORT": str(free_port(host)),
+        "RELAY_SPARK_WORKER2_UI_PORT": str(free_port(host)),
         "RELAY_POSTGRES_PORT": str(free_port(host)),
         "RELAY_AIRFLOW_PORT": str(free_port(host)),
         "RELAY_WORKER_CORES": "6",  # the embedded default: a pipeline, its standby or green, another

@@ -22,15 +22,15 @@ from relay.config import RelayConfig
 from relay.errors import RelayError
 
 from relay_dev.airflow_local import LocalAirflow
-from relay_dev.chaos import procs
+from relay_dev.chaos import procs, targets
 from relay_dev.chaos.parts import StackParts
 from relay_dev.chaos.plan import PlannedFault
-from relay_dev.stack import Part
+from relay_dev.stack import WORKERS, Part
 
 Progress = Callable[[str], None]
 TARGET_WAIT_S = 60.0  # without a fault window: how long to wait for a driver or executor to kill
 PART_OF_KIND = {
-    "worker": Part.SPARK_WORKER,
+    "worker": Part.SPARK_WORKER,  # the active driver's worker when there are two (chaos.targets)
     "master": Part.SPARK_MASTER,
     "broker": Part.KAFKA,
     "ledger": Part.POSTGRES,  # the PostgreSQL ledger's server (and every sink table on it)
@@ -55,6 +55,7 @@ class FaultEvent:
     ended_at: float | None = None
     skipped: str | None = None
     error: str | None = None
+    standby: str | None = None  # the hot standby's state at the kill (READY: a failover is expected)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,10 +86,11 @@ class Injector:
         """The master or the worker is being restarted, or the ledger is locked: nothing could run or
         relaunch a driver now, so the pipeline cannot be judged. (A broker or scheduler restart does
         not stop Spark from relaunching a driver.)"""
-        return self.parts.restarting(Part.SPARK_MASTER, Part.SPARK_WORKER) or self.lock_held.is_set()
+        return self.parts.restarting(Part.SPARK_MASTER, *WORKERS) or self.lock_held.is_set()
 
     def _worker(self) -> int:
-        return self.parts.pid(Part.SPARK_WORKER) or 0
+        """The PID of the worker running the active's driver (of the only worker, with one)."""
+        return self.parts.pid(targets.active_worker(self.config, self.parts.stack)) or 0
 
     def _wait_for(self, find: Callable[[], list[procs.Proc]], until: float | None) -> list[procs.Proc]:
         """Targets as soon as there are some (a driver may be relaunching); [] at ``until`` (the end of
@@ -105,11 +107,15 @@ class Injector:
     def inject(self, fault: PlannedFault, rng: random.Random, until: float | None = None) -> FaultEvent:
         """Inject ``fault`` now; a driver or executor to kill is awaited until ``until`` at most."""
         event = FaultEvent(fault.kind, fault.index, fault.at, fault.target)
+        if fault.kind in ("driver", "worker"):
+            event.standby = targets.standby_state(self.config)
         try:
             if fault.kind == "driver":
                 self._driver(event, until)
             elif fault.kind == "executor":
                 self._executor(event, rng, until)
+            elif fault.kind == "worker":
+                self._stack_part(event, targets.active_worker(self.config, self.parts.stack))
             elif fault.kind in PART_OF_KIND:
                 self._stack_part(event, PART_OF_KIND[fault.kind])
             elif fault.kind == "scheduler":
@@ -134,7 +140,7 @@ class Injector:
         if not jvms:
             event.skipped = "no driver JVM in the worker's process group until the window ended"
             return
-        jvm = jvms[0]
+        jvm = targets.driver_jvm_of(jvms, targets.active_submission(self.config)) or jvms[0]
         pythons = [p.pid for p in procs.driver_pythons(jvm.pgid, jvm.pid)]
         if event.target == "python" and pythons:
             pids = pythons
@@ -144,7 +150,9 @@ class Injector:
             pids = [jvm.pid]  # "jvm", or "python" before the JVM started its Python child
         event.at = time.time()
         event.pids = [p for p in pids if procs.sigkill(p)]
-        event.healed_by = "spark (supervised relaunch)"
+        event.healed_by = (
+            "hot standby (failover)" if event.standby == "READY" else "spark (supervised relaunch)"
+        )
         what = event.target if (event.target != "python" or pythons) else "jvm (no Python child yet)"
         self.progress(f"driver #{event.index}: SIGKILL {what} pid(s) {event.pids}")
 

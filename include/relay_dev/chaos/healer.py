@@ -28,6 +28,7 @@ Progress = Callable[[str], None]
 LIVE_STATES = ("STARTING", "ACTIVE", "DRAINING")
 SELF_HEAL_AFTER_S = 20.0  # no driver this long: run what the relay_health DAG runs (relay health --heal)
 NO_DRIVER_S = 120.0  # and still none this long after: nothing will relaunch it, a person must
+STANDBY_EVERY_S = 10.0  # with a hot standby: how often a missing one is started (see standby_heal)
 
 
 @dataclass
@@ -72,6 +73,8 @@ class PipelineHealer:
         self._healed_at_s = 0.0  # _no_driver_s when the health check last tried to relaunch
         self._quiet_s = 0.0  # seconds of a whole stack without a new commit
         self._seen_commit = 0.0
+        self._standby_next = 0.0
+        self.standbys_started = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-healer", daemon=True)
 
@@ -194,12 +197,35 @@ class PipelineHealer:
         self.actions.append(action)
         return action
 
+    def standby_heal(self) -> None:
+        """With ``standby = "hot"``: a new standby once the last one took over (what ``relay standby``
+        and the relay_health DAG's self-heal do; here every STANDBY_EVERY_S, not every 5 minutes, so
+        each worker fault of a short run meets a waiting standby). Never a human action."""
+        from relay.ledger.store import Ledger
+        from relay.operations.standby import ensure_standby
+
+        if self.config.standby != "hot" or time.monotonic() < self._standby_next or self.busy():
+            return
+        self._standby_next = time.monotonic() + STANDBY_EVERY_S
+        ledger = Ledger(self.config.ledger_url)
+        try:
+            done = ensure_standby(self.config, ledger)
+        except RelayError as exc:
+            self.progress(f"standby: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            ledger.close()
+        if done.get("started"):
+            self.progress(f"standby: instance {done['instance']} started")
+            self.standbys_started += 1
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 reason = self.diagnose()
                 if reason is not None:
                     self.redeploy(reason)
+                self.standby_heal()
             except Exception as exc:  # noqa: BLE001 - the watchdog itself must keep watching
                 self.progress(f"healer: {type(exc).__name__}: {exc}")
             self._stop.wait(self.interval_s)

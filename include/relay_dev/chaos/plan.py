@@ -71,6 +71,9 @@ class ChaosOptions:
     catch_up_timeout_s: float = 420.0
     max_offsets_per_trigger: int = 5000
     stall_s: float = 240.0  # no commit for this long (no lock held): the pipeline needs a human
+    standby: bool = False
+    """Two workers and ``standby = "hot"``: worker and driver faults aim at the active's, which the
+    standby on the other worker takes over (issues #18, #20)."""
 
     @classmethod
     def build(
@@ -84,6 +87,7 @@ class ChaosOptions:
         lock_seconds: float | None = None,
         per_kind: int | None = None,
         pipeline_code: Path | None = None,
+        standby: bool = False,
     ) -> ChaosOptions:
         """Options from CLI flags; the defaults depend on the length (short run vs full run).
 
@@ -132,6 +136,7 @@ class ChaosOptions:
             per_kind=count,
             pipeline_code=Path(pipeline_code).resolve() if pipeline_code is not None else None,
             workload=workload,
+            standby=standby,
         )
 
     @property

@@ -42,7 +42,9 @@ PIPELINE = TOPIC = "chaos"
 def chaos_config(data_dir: Path, options: ChaosOptions, host: str = "127.0.0.1") -> RelayConfig:
     """A private stack: its own data dir and free loopback ports, the chaos pipeline and topic."""
     ports = {name: free_port(host) for name in ("KAFKA", "SPARK_MASTER", "SPARK_MASTER_UI", "SPARK_REST")}
-    ports |= {name: free_port(host) for name in ("SPARK_WORKER_UI", "POSTGRES", "AIRFLOW")}
+    ports |= {
+        name: free_port(host) for name in ("SPARK_WORKER_UI", "SPARK_WORKER2_UI", "POSTGRES", "AIRFLOW")
+    }
     env = {f"RELAY_{name}_PORT": str(port) for name, port in ports.items()}
     env |= {
         "RELAY_DATA_DIR": str(data_dir),
@@ -55,6 +57,8 @@ def chaos_config(data_dir: Path, options: ChaosOptions, host: str = "127.0.0.1")
         "RELAY_MAX_OFFSETS_PER_TRIGGER": str(options.max_offsets_per_trigger),
         "RELAY_TRIGGER_SECONDS": "1",
     }
+    if options.standby:
+        env |= {"RELAY_SPARK_WORKERS": "2", "RELAY_STANDBY": "hot"}
     if options.postgres:
         env["RELAY_LEDGER_URL"] = LocalPostgres(data_dir, ports["POSTGRES"], host).url
     if options.pipeline_code is not None:  # the user's package: its own pipeline name and topic
