@@ -30,6 +30,7 @@ from relay.config import RelayConfig
 from relay.errors import KafkaError, SparkError, StackError
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.engine import safe_url
+from relay.spark import class_archive
 from relay.spark.auth import signer_for
 from relay.spark.install import spark_home
 from relay.spark.placement import resource_name, worker_options
@@ -308,6 +309,9 @@ class LocalStack:
         t0 = time.monotonic()
         ledger = ensure_ledger(self.config, self.progress)
         timings["ledger"] = round(time.monotonic() - t0, 2)
+        t0 = time.monotonic()
+        class_archive.ensure_archive(self.config.spark_dir / "tmp", self.progress)
+        timings["class_archive"] = round(time.monotonic() - t0, 2)
         result = self.status(with_postgres or None)
         result["ledger"] = ledger
         result["seconds"] = round(time.monotonic() - started, 2)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.crashpoints import forwarded_env
+from relay.spark import class_archive
 
 
 def driver_properties(
@@ -71,7 +72,9 @@ DRIVER_JIT_OPTS = "-XX:TieredStopAtLevel=1"
 def scratch_properties(spark_dir: Path) -> dict[str, str]:
     """Where drivers and executors put scratch, sockets and Java temp files: ``local``, ``sock`` and
     ``tmp`` under ``spark_dir`` (never /tmp)."""
-    java_opts = f"-Djava.io.tmpdir={spark_dir / 'tmp'} -XX:-UsePerfData"
+    java_opts = (
+        f"-Djava.io.tmpdir={spark_dir / 'tmp'} -XX:-UsePerfData {class_archive.java_option()}".rstrip()
+    )
     return {
         "spark.local.dir": str(spark_dir / "local"),
         "spark.python.unix.domain.socket.dir": str(spark_dir / "sock"),
