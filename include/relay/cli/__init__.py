@@ -69,6 +69,23 @@ def cmd_standby(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return {"pipeline": cfg.pipeline, **standby, "failovers": failovers(ledger, cfg.pipeline)}
 
 
+def cmd_new(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """``new pipeline NAME``: the package written, declared in the pipelines file, the next commands."""
+    import os
+
+    from relay.pipeline.pipelines_file import pipelines_file_path
+    from relay.pipeline.scaffold import DEFAULT_FILE_NAME, new_pipeline
+
+    file = pipelines_file_path(os.environ, cfg.data_dir) or cfg.data_dir / DEFAULT_FILE_NAME
+    done = new_pipeline(
+        a.name, a.folder, file, a.topic, a.partitions, current=(cfg.pipeline, cfg.topic, cfg.partitions)
+    )
+    _say(f"pipeline {a.name} written to {done['folder']} and declared in {file}; next:")
+    for line in done["next"]:
+        _say(f"  {line}")
+    return done
+
+
 def cmd_metrics(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """``metrics serve``: Prometheus metrics of every declared pipeline, until interrupted."""
     from relay.metrics.serve import serve
@@ -231,6 +248,7 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "health": cmd_health,
     "pipelines": cmd_pipelines,
     "standby": cmd_standby,
+    "new": cmd_new,
     "scale": cmd_scale,
     "metrics": cmd_metrics,
 }

@@ -145,6 +145,12 @@ def build_parser(commands: dict[str, Any]) -> argparse.ArgumentParser:
     me.add_argument("--host", default="127.0.0.1")
     me.add_argument("--port", type=int_at_least(1, MAX_PORT), default=9464)
     sub.add_parser("standby", help='start a hot standby if the pipeline wants one (standby = "hot")')
+    nw = sub.add_parser("new", help="write a pipeline package to start from, declared in the pipelines file")
+    nw.add_argument("what", choices=["pipeline"])
+    nw.add_argument("name", help="the pipeline's name (lower-case letters, digits, '_'), its folder's too")
+    nw.add_argument("--folder", type=Path, default=Path("."), help="where its folder goes (default: .)")
+    nw.add_argument("--topic", default=None, help="the input topic (default: the name)")
+    nw.add_argument("--partitions", type=int_at_least(1, 10_000), default=3, help="the topic's partitions")
     _add_dev_commands(sub, commands)
     return p
 

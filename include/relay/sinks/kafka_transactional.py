@@ -54,7 +54,12 @@ from relay.sinks.base import SOURCE_COLUMNS, SinkError, TaskContext, TaskResult
 
 DEFAULT_MARKER_TOPIC = "__relay_sink_markers"
 DEFAULT_MARKER_PARTITIONS = 4
-DEFAULT_MARKER_WAIT_S = 120.0
+DEFAULT_MARKER_WAIT_S = 20.0
+"""How long a marker read waits behind an open transaction (and a flush for the broker). A task
+killed inside its transaction leaves it open until a retry of that task takes its id over, and the
+broker may never time it out (the embedded one does not): on a one-core executor the retry waits for
+the blocked reader, so this bound is the stall (it was 120 s; a transaction of Relay's lasts well
+under a second)."""
 DEFAULT_FENCE_WAIT_S = 300.0
 CRASH_BEFORE_COMMIT = "kafka_sink.before_commit"  # tests: die with rows and marker sent, uncommitted
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
