@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -32,6 +33,21 @@ def ended_from_outside(attempt: Attempt) -> bool:
     before it could record an end), found dead by a Relay command, or its JVM killed under it."""
     error = attempt.error or ""
     return attempt.state is AttemptState.FENCED or "(found by " in error or error.startswith(KILLED)
+
+
+def process_gone_here(attempt: Attempt) -> bool:
+    """The attempt's Python driver ran on this host and no process has its PID any more: it is
+    gone for sure, without waiting for its heartbeat to age (a supervised relaunch after the Python
+    driver was killed lands on the same worker). False whenever that can't be told here."""
+    if not attempt.pid or attempt.host != socket.gethostname():
+        return False
+    try:
+        os.kill(attempt.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # someone else's process has that PID now: alive as far as we can tell
+        return False
+    return False
 
 
 def jvm_gone(spark: Any, exc: BaseException) -> bool:

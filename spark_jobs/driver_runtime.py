@@ -29,6 +29,7 @@ from driver_checks import (
     check_data_loss,
     crash_loop,
     jvm_gone,
+    process_gone_here,
     ship_artifact,
     start_heartbeat,
     starting_offsets,
@@ -245,11 +246,16 @@ class DriverRuntime:
         ]
 
     def _wait_for_predecessors(self, ids: list[int], timeout_s: float = 30.0) -> None:
-        """Give a fenced older attempt the time to notice and end, so two never share the checkpoint."""
+        """Give a fenced older attempt the time to notice and end, so two never share the checkpoint
+        (one whose process is gone from this host is not waited for: a relaunch after a kill)."""
         deadline = time.time() + timeout_s
         while ids and time.time() < deadline:
             by_id = {a.id: a for a in self.ledger.attempts(self.instance.id)}
-            if all(by_id[i].ended_at is not None or by_id[i].heartbeat_at < time.time() - 10 for i in ids):
+            old = [by_id[i] for i in ids]
+            if all(
+                a.ended_at is not None or a.heartbeat_at < time.time() - 10 or process_gone_here(a)
+                for a in old
+            ):
                 return
             time.sleep(0.5)
 

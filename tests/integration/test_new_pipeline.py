@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 from relay.artifacts import build_artifact
-from relay.config import RelayConfig
+from relay.config import RelayConfig, load_config
+from relay.config.env import config_env
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
@@ -42,7 +43,9 @@ def test_a_new_pipeline_deploys_as_written_and_writes_each_record_once(
     name = f"n{uuid.uuid4().hex[:8]}"
     done = new_pipeline(name, tmp_path, stack.data_dir / f"{name}.toml", current=None)
     monkeypatch.setenv(f"{name.upper()}_BOOTSTRAP", stack.kafka_bootstrap)
-    cfg = stack.with_(pipeline=name, topic=name, pipeline_code=Path(done["folder"]))
+    # As `relay --pipeline NAME` reads it: the stack's settings and the declaration just written.
+    cfg = load_config({**config_env(stack), "RELAY_PIPELINES_FILE": done["pipelines_file"]}, pipeline=name)
+    assert (cfg.topic, cfg.pipeline_code) == (name, Path(done["folder"]))
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
     KafkaTransactionalSink(cfg.kafka_bootstrap, done["output_topic"]).create_topic(cfg.partitions)
@@ -54,7 +57,7 @@ def test_a_new_pipeline_deploys_as_written_and_writes_each_record_once(
     producer.close()
     ledger = Ledger(cfg.ledger_url)
     with pipeline_run(cfg):
-        build_artifact(cfg, "v1", pipeline_code=Path(done["folder"]))
+        build_artifact(cfg, "v1")  # the declared folder, as `relay build --version v1` does
         deploy(cfg, version="v1", wait_s=300)
         wait_for("the new pipeline to catch up", lambda: caught_up(cfg, ledger), timeout=180, interval=1)
         want = input_positions(cfg.kafka_bootstrap, cfg.topic, kept)
