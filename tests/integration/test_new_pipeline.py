@@ -19,7 +19,6 @@ from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.pipeline.scaffold import new_pipeline
-from relay.sinks.kafka_transactional import KafkaTransactionalSink
 
 from tests.conftest import wait_for
 from tests.integration.helpers import caught_up, pipeline_run
@@ -48,7 +47,6 @@ def test_a_new_pipeline_deploys_as_written_and_writes_each_record_once(
     assert (cfg.topic, cfg.pipeline_code) == (name, Path(done["folder"]))
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
-    KafkaTransactionalSink(cfg.kafka_bootstrap, done["output_topic"]).create_topic(cfg.partitions)
     producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
     for n in range(300):
         producer.send(cfg.topic, json.dumps({"id": n, "amount": (n % 5) - 1.5}).encode())  # 3 in 5 kept

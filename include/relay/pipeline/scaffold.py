@@ -61,7 +61,9 @@ def sink() -> KafkaTransactionalSink:
     bootstrap = os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         raise KeyError(f"{{BOOTSTRAP_ENV}} is not set")
-    return KafkaTransactionalSink(bootstrap, OUTPUT_TOPIC, key_column="key", value_column="value")
+    out = KafkaTransactionalSink(bootstrap, OUTPUT_TOPIC, key_column="key", value_column="value")
+    out.create_topic(3)  # a scratch topic when missing; in production, create yours (partitions, replication)
+    return out
 
 
 PIPELINE = Pipeline(name=NAME, topics=(TOPIC,), transform=transform, sink=sink, secret_env=(BOOTSTRAP_ENV,))
