@@ -15,7 +15,7 @@ from relay.health.report import Level
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.spark.placement import (
     UNITS,
-    active_beside,
+    active_of,
     away_from,
     resource_name,
     shares_worker,
@@ -101,11 +101,11 @@ def inst(i: int, state: InstanceState, role: str | None = None) -> Instance:
     )
 
 
-def test_the_active_beside_a_standby_is_the_live_one_without_a_role() -> None:
+def test_the_active_a_standby_waits_beside_is_the_live_one_without_a_role() -> None:
     standby = inst(3, InstanceState.READY, "hot-standby")
     instances = [inst(1, InstanceState.FENCED), inst(2, InstanceState.ACTIVE), standby]
-    assert active_beside(instances, standby).id == 2
-    assert active_beside([inst(1, InstanceState.STOPPED), standby], standby) is None
+    assert active_of(instances).id == 2
+    assert active_of([inst(1, InstanceState.STOPPED), standby]) is None
 
 
 def test_health_warns_of_a_standby_sharing_the_actives_worker() -> None:

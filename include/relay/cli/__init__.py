@@ -73,8 +73,8 @@ def cmd_new(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """``new pipeline NAME``: the package written, declared in the pipelines file, the next commands."""
     import os
 
-    from relay.pipeline.pipelines_file import pipelines_file_path
-    from relay.pipeline.scaffold import DEFAULT_FILE_NAME, new_pipeline
+    from relay.pipeline.pipelines_file import DEFAULT_FILE_NAME, pipelines_file_path
+    from relay.pipeline.scaffold import new_pipeline
 
     file = pipelines_file_path(os.environ, cfg.data_dir) or cfg.data_dir / DEFAULT_FILE_NAME
     done = new_pipeline(

@@ -45,7 +45,9 @@ def check_standby(
         ready = waiting[0].state is InstanceState.READY
         parts.append(f"hot standby instance {waiting[0].id} {'READY' if ready else 'warming up'}")
         if shares_worker:
-            parts.append("on the active's worker: losing that host takes both (relay standby --restart)")
+            parts.append(
+                "on the active's worker: losing that host takes both (the next relay standby moves it)"
+            )
     elif not wanted:
         parts.append('no hot standby configured (standby = "hot" in the pipelines file)')
     else:

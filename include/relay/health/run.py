@@ -163,12 +163,12 @@ def _standby_checks(config: RelayConfig, ledger: Ledger, v: Views, heal: bool) -
 def _shares_worker(v: Views, instances: list[Instance]) -> bool:
     """The waiting standby's driver is on the active's worker, another having room (the master's view)."""
     from relay.operations.standby import hot_standbys
-    from relay.spark.placement import active_beside, shares_worker
+    from relay.spark.placement import active_of, shares_worker
 
-    waiting = hot_standbys([i for i in instances if i.state.live])
+    waiting = hot_standbys(instances)
     if not waiting or v.inventory.master is None:
         return False
-    active = active_beside(instances, waiting[0])
+    active = active_of(instances)
     return active is not None and shares_worker(
         v.inventory.master, active.submission_id, waiting[0].submission_id
     )

@@ -22,7 +22,7 @@ from relay.operations.inventory import no_room, take_inventory
 from relay.operations.upgrade_state import ALL_TERMINAL
 from relay.protocol.failover import FAILOVER_KIND, HOT_STANDBY
 from relay.spark.launcher import LOCAL_PREFIX, app_name, spark_client
-from relay.spark.placement import active_beside, shares_worker
+from relay.spark.placement import active_of, shares_worker
 
 Progress = Callable[[str], None]
 FAILED_BUDGET = 3
@@ -45,7 +45,7 @@ def hot_standbys(instances: list[Instance]) -> list[Instance]:
 def _misplaced(config: RelayConfig, live: list[Instance], standby: Instance, progress: Progress) -> bool:
     """The standby runs on the active's worker while another worker has room for it (it came up
     while that worker was away, e.g. during the host loss it took over from)."""
-    active = active_beside(live, standby)
+    active = active_of(live)
     if active is None or (standby.submission_id or LOCAL_PREFIX).startswith(LOCAL_PREFIX):
         return False
     try:

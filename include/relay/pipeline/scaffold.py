@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from relay.errors import ConfigError
-from relay.pipeline.pipelines_file import DEFAULT_FILE_NAME, TOPIC, read_pipelines_file
+from relay.pipeline.pipelines_file import TOPIC, read_pipelines_file
 
 PACKAGE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")  # a Python package, a Spark app name, a TOML key
 
@@ -213,4 +213,4 @@ def new_pipeline(
     }
 
 
-__all__ = ["DEFAULT_FILE_NAME", "new_pipeline"]
+__all__ = ["new_pipeline"]

@@ -16,9 +16,9 @@ from relay.ledger.store import Ledger
 from relay.spark.capacity import HOW_TO_MAKE_ROOM, Needs, start_shortfall
 from relay.spark.driver_logs import LaunchCounter
 from relay.spark.launcher import (
-    _local_pid,
     driver_output,
     driver_running,
+    local_pid,
     spark_client,
 )
 from relay.spark.rest import DriverState
@@ -97,7 +97,7 @@ class FirstCommitWait:
         """Why no commit yet, as far as the master shows (a driver waiting for room says so)."""
         inst = self.instance or self.ledger.instance(self.instance_id)
         state = f"instance {inst.id} is {inst.state.value}"
-        if not inst.submission_id or _local_pid(inst.submission_id) is not None:
+        if not inst.submission_id or local_pid(inst.submission_id) is not None:
             return state  # not submitted yet, or local mode: no master to ask
         try:
             master = spark_client(self.config).master_state()
@@ -152,7 +152,7 @@ class _StartWatch:
     def __init__(self, config: RelayConfig, submission: str | None) -> None:
         self.config = config
         self.submission = submission
-        cluster = submission is not None and _local_pid(submission) is None
+        cluster = submission is not None and local_pid(submission) is None
         self._launches = LaunchCounter(submission) if cluster and submission else None
         self._next_check = time.monotonic() + START_CHECK_EVERY_S
 

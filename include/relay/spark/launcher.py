@@ -168,14 +168,14 @@ def launch(
     return submission
 
 
-def _local_pid(submission: str) -> int | None:
+def local_pid(submission: str) -> int | None:
     return int(submission[len(LOCAL_PREFIX) :]) if submission.startswith(LOCAL_PREFIX) else None
 
 
 def driver_running(config: RelayConfig, submission: str | None) -> bool:
     if not submission:
         return False
-    pid = _local_pid(submission)
+    pid = local_pid(submission)
     if pid is not None:
         try:
             reaped, _ = os.waitpid(pid, os.WNOHANG)
@@ -194,7 +194,7 @@ def kill(config: RelayConfig, submission: str | None) -> None:
     """Hard stop (not graceful): the in-flight batch is replayed by the next attempt."""
     if not submission:
         return
-    pid = _local_pid(submission)
+    pid = local_pid(submission)
     if pid is not None:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -216,7 +216,7 @@ def driver_output(config: RelayConfig, instance: Instance) -> str:
     """
     submission = instance.submission_id or ""
     try:
-        if _local_pid(submission) is not None:
+        if local_pid(submission) is not None:
             path = config.logs_dir / f"{instance.app_name}.log"
             with path.open("rb") as log:
                 size = log.seek(0, os.SEEK_END)

@@ -62,15 +62,13 @@ def away_from(state: MasterState, driver_id: str | None) -> dict[str, str]:
     return {f"spark.driver.resource.{name}.amount": "1", f"spark.executor.resource.{name}.amount": "1"}
 
 
-def active_beside(instances: list[Instance], standby: Instance) -> Instance | None:
-    """The ACTIVE (or STARTING) instance a hot standby waits beside, if any."""
+def active_of(instances: list[Instance]) -> Instance | None:
+    """The ACTIVE (or STARTING) instance, the one a hot standby waits beside (a standby has a role)."""
     return next(
         (
             i
             for i in instances
-            if i.id != standby.id
-            and i.role is None
-            and i.state in (InstanceState.ACTIVE, InstanceState.STARTING)
+            if i.role is None and i.state in (InstanceState.ACTIVE, InstanceState.STARTING)
         ),
         None,
     )
@@ -78,7 +76,7 @@ def active_beside(instances: list[Instance], standby: Instance) -> Instance | No
 
 def standby_properties(ledger: Ledger, instance: Instance, client: SparkStandaloneClient) -> dict[str, str]:
     """:func:`away_from` the driver of the ACTIVE instance that ``instance`` (a standby) waits beside."""
-    active = active_beside(ledger.instances(instance.pipeline, live_only=True), instance)
+    active = active_of(ledger.instances(instance.pipeline, live_only=True))
     if active is None or not active.submission_id:
         return {}
     try:

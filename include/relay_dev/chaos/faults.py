@@ -30,7 +30,6 @@ from relay_dev.stack import WORKERS, Part
 Progress = Callable[[str], None]
 TARGET_WAIT_S = 60.0  # without a fault window: how long to wait for a driver or executor to kill
 PART_OF_KIND = {
-    "worker": Part.SPARK_WORKER,  # the active driver's worker when there are two (chaos.targets)
     "master": Part.SPARK_MASTER,
     "broker": Part.KAFKA,
     "ledger": Part.POSTGRES,  # the PostgreSQL ledger's server (and every sink table on it)

@@ -74,7 +74,6 @@ class PipelineHealer:
         self._quiet_s = 0.0  # seconds of a whole stack without a new commit
         self._seen_commit = 0.0
         self._standby_next = 0.0
-        self.standbys_started = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-healer", daemon=True)
 
@@ -217,7 +216,6 @@ class PipelineHealer:
             ledger.close()
         if done.get("started"):
             self.progress(f"standby: instance {done['instance']} started")
-            self.standbys_started += 1
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from relay.config import RelayConfig
 from relay.errors import RelayError
-from relay.ledger.models import Instance, InstanceState
+from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
+from relay.operations.standby import hot_standbys
+from relay.spark.placement import active_of
 from sqlalchemy.exc import SQLAlchemyError
 
 from relay_dev.chaos import procs
@@ -36,9 +38,8 @@ def _live(config: RelayConfig) -> list[Instance]:
 
 def active_submission(config: RelayConfig) -> str | None:
     """The driver id of the pipeline's ACTIVE (or STARTING) instance, not a standby's."""
-    live = _live(config)
-    active = [i for i in live if i.role is None and i.state in (InstanceState.ACTIVE, InstanceState.STARTING)]
-    return active[-1].submission_id if active else None
+    active = active_of(_live(config))
+    return active.submission_id if active else None
 
 
 def active_worker(config: RelayConfig, stack: LocalStack) -> Part:
@@ -73,5 +74,5 @@ def standby_state(config: RelayConfig) -> str | None:
     """The waiting hot standby's state (READY: warm) when the pipeline has one, else None."""
     if config.standby != "hot":
         return None
-    waiting = [i for i in _live(config) if i.role == "hot-standby"]
+    waiting = hot_standbys(_live(config))
     return waiting[-1].state.value if waiting else "none"
