@@ -166,7 +166,7 @@ def start_heartbeat(ledger: Ledger, attempt_id: int, every_s: float = 1.0) -> No
     dead active from a live one, by whether this driver beats."""
 
     def beat() -> None:
-        while True:
+        while True:  # for the driver's whole life (a daemon thread): the beat is the liveness signal
             time.sleep(every_s)
             try:
                 ledger.heartbeat(attempt_id)

@@ -45,6 +45,7 @@ from relay.ledger.attempts import LAUNCH_TOKEN_ENV
 from relay.ledger.models import AttemptState, Instance, InstanceState, Offsets
 from relay.ledger.outage import Outage
 from relay.ledger.store import DRIVER_ALIVE_S, Ledger
+from relay.polling import poll
 from relay.protocol.checkpoint import planned_offsets
 from relay.protocol.failover import HOT_STANDBY
 from relay.spark.standby_priority import standby_nice
@@ -248,16 +249,17 @@ class DriverRuntime:
     def _wait_for_predecessors(self, ids: list[int], timeout_s: float = 30.0) -> None:
         """Give a fenced older attempt the time to notice and end, so two never share the checkpoint
         (one whose process is gone from this host is not waited for: a relaunch after a kill)."""
-        deadline = time.time() + timeout_s
-        while ids and time.time() < deadline:
+
+        def ended() -> bool | None:
             by_id = {a.id: a for a in self.ledger.attempts(self.instance.id)}
-            old = [by_id[i] for i in ids]
-            if all(
+            gone = (
                 a.ended_at is not None or a.heartbeat_at < time.time() - 10 or process_gone_here(a)
-                for a in old
-            ):
-                return
-            time.sleep(0.5)
+                for a in (by_id[i] for i in ids)
+            )
+            return True if all(gone) else None
+
+        if ids:
+            poll(ended, timeout_s)
 
     def source_options(self) -> dict[str, str]:
         """Relay's Kafka source inside the instance's leases (caps and read limits in the source)."""
@@ -382,11 +384,7 @@ class DriverRuntime:
         """The source plans no batch once a stop is requested: wait for the running one, then stop."""
         self.ledger.request_stop(self.instance.id)
         self.standby_cpu.lower_for_stop()
-        deadline = time.time() + timeout_s
-        while query.isActive and time.time() < deadline:
-            if not query.status.get("isTriggerActive"):
-                break
-            time.sleep(0.1)
+        poll(lambda: None if query.isActive and query.status.get("isTriggerActive") else True, timeout_s, 0.1)
         query.stop()
         if self.zombie is not None:
             raise self.zombie

@@ -36,7 +36,7 @@ def failover_after_s() -> float:
 def watch(ledger: Ledger, instance_id: int, pipeline: str) -> None:
     """Until this instance stops waiting: look at the active, take over when it is dead."""
     death = DeathWatch(failover_after_s())
-    while True:
+    while True:  # not a wait with a deadline: the standby watches for as long as it stands by
         time.sleep(POLL_S)
         try:
             me = ledger.instance(instance_id)

@@ -34,6 +34,7 @@ from relay.config.env import config_env
 from relay.config.secret_files import ensure_user_password, write_private
 from relay.crashpoints import forwarded_env
 from relay.errors import StackError
+from relay.polling import poll
 
 from relay_dev.airflow_api import (
     ADMIN_USER,
@@ -306,18 +307,23 @@ class LocalAirflow:
         return result
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.health_timeout_s
-        detail = ""
-        while time.monotonic() < deadline:
+        detail = [""]
+
+        def healthy() -> bool | None:
             infos = self.supervisor.infos()
             dead = [p for p in PROGRAMS if p not in infos or infos[p].state in ("FATAL", "STOPPED", "EXITED")]
             if dead:
                 raise StackError(f"{dead[0]} did not start; see {self.config.logs_dir / (dead[0] + '.log')}")
-            healthy, detail = self.api_healthy()
-            if healthy and passwords_file(self.config).exists():
-                return
-            time.sleep(0.5)
-        raise StackError(f"airflow not healthy after {self.health_timeout_s:.0f}s: {detail}")
+            ok, detail[0] = self.api_healthy()
+            return True if ok and passwords_file(self.config).exists() else None
+
+        poll(
+            healthy,
+            self.health_timeout_s,
+            on_timeout=lambda: StackError(
+                f"airflow not healthy after {self.health_timeout_s:.0f}s: {detail[0]}"
+            ),
+        )
 
     def login_hint(self) -> str:
         """How to log in: the user and where SimpleAuthManager wrote its password (never the password)."""

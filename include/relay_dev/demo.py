@@ -8,7 +8,6 @@ every message is applied, and prints the audit and how to drive the other DAGs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from relay.artifacts import DEFAULT_PIPELINE_CODE
@@ -19,6 +18,7 @@ from relay.kafka.producer import produce
 from relay.ledger.store import Ledger
 from relay.operations.inventory import take_inventory
 from relay.operations.status import offsets_view
+from relay.polling import poll
 
 from relay_dev.airflow_local import base_url, passwords_file, trigger_dag_rest, wait_dag_run
 
@@ -44,11 +44,14 @@ def run_demo(
         progress(f"relay_deploy run {created['dag_run_id']}: {run['state']}")
         if run["state"] != "success":
             raise OperationError(f"relay_deploy ended {run['state']}: see the task log in the Airflow UI")
-    deadline = time.time() + timeout_s
-    while not _caught_up(config, ledger):
-        if time.time() > deadline:
-            raise OperationError(f"the pipeline did not catch up within {timeout_s:.0f}s (relay status)")
-        time.sleep(1)
+    poll(
+        lambda: _caught_up(config, ledger) or None,
+        timeout_s,
+        1.0,
+        on_timeout=lambda: OperationError(
+            f"the pipeline did not catch up within {timeout_s:.0f}s (relay status)"
+        ),
+    )
     report = audit(config, ledger)
     progress(
         f"\nAirflow UI: {base_url(config)} (user admin, password in {passwords_file(config)})\n"

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from relay.errors import StackError
+from relay.polling import poll
 
 from relay_dev.supervision import Supervisor
 
@@ -71,12 +72,12 @@ def keep(supervisor: Supervisor, stop: list[int], every_s: float = EVERY_S) -> N
 def settle(supervisor: Supervisor, timeout_s: float = SETTLE_S) -> None:
     """Once its programs left STARTING, restarts count from now: each program was just spawned
     again (a wrapper that adopted what ran), none of them a restart of the part."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def started() -> bool | None:
         infos = supervisor.infos()
-        if infos and all(i.state != "STARTING" for i in infos.values()):
-            break
-        time.sleep(0.5)
+        return True if infos and all(i.state != "STARTING" for i in infos.values()) else None
+
+    poll(started, timeout_s)
     supervisor.mark_baseline(supervisor.configured())
 
 

@@ -15,11 +15,11 @@ import pwd
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 from relay.errors import StackError
+from relay.polling import poll
 
 from relay_dev.ports import port_taken
 
@@ -270,12 +270,14 @@ class LocalPostgres:
         return self.url
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.healthy():
-                return
-            time.sleep(0.2)
-        raise StackError(f"PostgreSQL at {self.address} not ready after {timeout_s}s, see {self.log_file}")
+        poll(
+            lambda: self.healthy() or None,
+            timeout_s,
+            0.2,
+            on_timeout=lambda: StackError(
+                f"PostgreSQL at {self.address} not ready after {timeout_s}s, see {self.log_file}"
+            ),
+        )
 
     def _create_database(self) -> None:
         psql = [

@@ -30,6 +30,7 @@ from relay.config import RelayConfig
 from relay.errors import KafkaError, SparkError, StackError
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.engine import safe_url
+from relay.polling import poll
 from relay.spark import class_archive
 from relay.spark.auth import signer_for
 from relay.spark.install import spark_home
@@ -46,6 +47,8 @@ from relay_dev.stack_setup import (
     master_properties_file,
     noida_binary,
     prepare_data_dir,
+    probe_master,
+    probe_worker,
 )
 from relay_dev.supervision import Program, ProgramInfo, Supervisor, group_pids
 
@@ -218,38 +221,10 @@ class LocalStack:
                     topics = kafka.topics()
                 return True, f"{len(topics)} topic(s)"
             if part is Part.SPARK_MASTER:
-                client = self._client()
-                unsigned = SparkStandaloneClient(client.master_ui_url, client.rest_url, client.timeout_s)
-                try:
-                    state = client.master_state()
-                    rest = client.ready()
-                    open_rest = rest and unsigned.ready()
-                finally:
-                    client.close()
-                    unsigned.close()
-                if open_rest:
-                    return False, REST_UNPROTECTED
-                detail = (
-                    f"status {state.status}, REST {'ready (signed requests only)' if rest else 'not ready'}"
-                )
-                return state.alive and rest, detail
+                return probe_master(self._client())
             if part in WORKERS:
-                client = self._client()
-                try:
-                    state = client.master_state()
-                finally:
-                    client.close()
-                ui = f":{self._ports(part)[0]}"
-                mine = [w for w in state.workers if w.state == "ALIVE" and w.host == self.config.host]
-                by_ui = [w for w in mine if ui in (w.webui or "")]
-                mine = by_ui if by_ui or part is Part.SPARK_WORKER_2 else mine
-                if not mine:
-                    return False, "not registered with the master"
-                w = mine[0]
-                return (
-                    True,
-                    f"{w.id} ALIVE, cores {w.cores_used}/{w.cores}, "
-                    f"memory {w.memory_used_mb}/{w.memory_mb} MB",
+                return probe_worker(
+                    self._client(), self.config.host, self._ports(part)[0], part is Part.SPARK_WORKER
                 )
             if part is Part.POSTGRES:
                 pg = self._postgres()
@@ -262,18 +237,24 @@ class LocalStack:
     def wait_healthy(self, part: Part, timeout_s: float | None = None) -> str:
         """Poll the part's probe until healthy; StackError when supervisord gave up (FATAL) or late."""
         timeout_s = self.health_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        detail = ""
-        while time.monotonic() < deadline:
-            healthy, detail = self.probe(part)
-            if healthy:
-                return detail
+        detail = [""]
+
+        def healthy() -> str | None:
+            ok, detail[0] = self.probe(part)
+            if ok:
+                return detail[0]
             info = self.supervisor.info(part.value)
             if info is None or info.state in ("FATAL", "STOPPED", "EXITED"):
                 state = info.state if info else "not configured"
-                raise StackError(f"{part.value} is {state} ({detail}); see {self._log(part)}")
-            time.sleep(0.5)
-        raise StackError(f"{part.value} not healthy after {timeout_s}s: {detail}; see {self._log(part)}")
+                raise StackError(f"{part.value} is {state} ({detail[0]}); see {self._log(part)}")
+            return None
+
+        def why() -> StackError:
+            return StackError(
+                f"{part.value} not healthy after {timeout_s}s: {detail[0]}; see {self._log(part)}"
+            )
+
+        return str(poll(healthy, timeout_s, on_timeout=why))
 
     # -- up / down / status ----------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""What ``relay stack up`` prepares before and after starting the parts: private files and the ledger.
+"""What ``relay stack up`` prepares before and after starting the parts (private files and the
+ledger), and how it tells the Spark parts are up (the master's and a worker's probe).
 
 Why apart from :mod:`relay_dev.stack` (which starts and stops processes): these are the security
 defaults of the embedded stack. The data dir is private (0700: it holds the ledger, the keys and
@@ -18,6 +19,7 @@ from relay.config.secret_files import write_private
 from relay.errors import LedgerError, StackError
 from relay.ledger.engine import create_ledger, safe_url
 from relay.spark.auth import ensure_secret_file, master_properties, read_secret_file
+from relay.spark.rest import SparkStandaloneClient
 
 from relay_dev.postgres_local import restrict_dir
 
@@ -78,3 +80,36 @@ def noida_binary() -> Path:
     if not path.exists():
         raise StackError(f"noida-db binary not found at {path}: is the noida-db package installed?")
     return path
+
+
+def probe_master(client: SparkStandaloneClient) -> tuple[bool, str]:
+    """(healthy, detail) of the master as a client sees it: alive, its REST server taking signed
+    requests only (an unsigned one answered is a REST server open to anyone: unhealthy)."""
+    unsigned = SparkStandaloneClient(client.master_ui_url, client.rest_url, client.timeout_s)
+    try:
+        state = client.master_state()
+        rest = client.ready()
+        open_rest = rest and unsigned.ready()
+    finally:
+        client.close()
+        unsigned.close()
+    if open_rest:
+        return False, REST_UNPROTECTED
+    detail = f"status {state.status}, REST {'ready (signed requests only)' if rest else 'not ready'}"
+    return state.alive and rest, detail
+
+
+def probe_worker(client: SparkStandaloneClient, host: str, ui_port: int, first: bool) -> tuple[bool, str]:
+    """(healthy, detail) of the worker whose UI is on ``ui_port``: registered ALIVE with the master.
+    The first worker is also recognised by its host alone (a master that lists no UI address)."""
+    try:
+        state = client.master_state()
+    finally:
+        client.close()
+    mine = [w for w in state.workers if w.state == "ALIVE" and w.host == host]
+    by_ui = [w for w in mine if f":{ui_port}" in (w.webui or "")]
+    mine = by_ui if by_ui or not first else mine
+    if not mine:
+        return False, "not registered with the master"
+    w = mine[0]
+    return True, f"{w.id} ALIVE, cores {w.cores_used}/{w.cores}, memory {w.memory_used_mb}/{w.memory_mb} MB"

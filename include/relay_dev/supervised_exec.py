@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from relay.polling import poll
+
 MAX_STARTS = 6
 WINDOW_S = 120.0
 
@@ -80,9 +82,7 @@ def clear_group(pgid: int, leader_start: int | None, grace_s: float) -> list[int
         for pid in group_members(pgid, leader_start):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and group_members(pgid, leader_start):
-            time.sleep(0.1)
+        poll(lambda: None if group_members(pgid, leader_start) else True, wait, 0.1)
         if not group_members(pgid, leader_start):
             break
     return pids
@@ -107,7 +107,7 @@ def adopt(name: str, pid: int, pgid: int, start: int | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(sig, forward)
     print(f"supervised_exec: {name}: pid {pid} (group {pgid}) outlived its supervisord: adopted", flush=True)
-    while running(pid, start):
+    while running(pid, start):  # for the adopted part's whole life: its supervisor is this process
         time.sleep(0.5)
     print(f"supervised_exec: {name}: adopted pid {pid} ended", flush=True)
     return 0 if asked else 1

@@ -25,7 +25,6 @@ import pwd
 import secrets
 import subprocess
 import sys
-import time
 import xmlrpc.client
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import Any
 
 from relay.config.secret_files import create_private, write_private
 from relay.errors import StackError
+from relay.polling import poll
 from supervisor.xmlrpc import SupervisorTransport
 
 from relay_dev import supervised_exec
@@ -178,11 +178,14 @@ files = {_q(self.programs_dir)}/*.conf
         )
         if done.returncode != 0:
             raise StackError(f"supervisord did not start: {(done.stderr or done.stdout).strip()[-800:]}")
-        deadline = time.monotonic() + timeout_s
-        while not self.running():
-            if time.monotonic() > deadline:
-                raise StackError(f"supervisord not answering after {timeout_s}s; see {self.log_file}")
-            time.sleep(0.2)
+        poll(
+            lambda: self.running() or None,
+            timeout_s,
+            0.2,
+            on_timeout=lambda: StackError(
+                f"supervisord not answering after {timeout_s}s; see {self.log_file}"
+            ),
+        )
 
     def shutdown(self, timeout_s: float = 60) -> None:
         """Ask supervisord to exit (it stops what still runs) and wait until its PID is gone."""
@@ -190,11 +193,15 @@ files = {_q(self.programs_dir)}/*.conf
         if self.running():
             with contextlib.suppress(OSError, xmlrpc.client.Error):
                 self._rpc().shutdown()
-        deadline = time.monotonic() + timeout_s
-        while pid and _alive(pid):
-            if time.monotonic() > deadline:
-                raise StackError(f"supervisord pid {pid} still running {timeout_s}s after shutdown")
-            time.sleep(0.2)
+        if pid:
+            poll(
+                lambda: None if _alive(pid) else True,
+                timeout_s,
+                0.2,
+                on_timeout=lambda: StackError(
+                    f"supervisord pid {pid} still running {timeout_s}s after shutdown"
+                ),
+            )
 
     # -- programs --------------------------------------------------------------------------------
 

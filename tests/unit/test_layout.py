@@ -52,7 +52,7 @@ def test_runtime_library_never_imports_the_developer_tooling() -> None:
 def test_the_library_is_grouped_by_concept() -> None:
     """One folder per concept (issue #16); flat beside them only what every concept shares."""
     flat = sorted(p.name for p in RUNTIME.glob("*.py"))
-    assert flat == ["__init__.py", "crashpoints.py", "errors.py"]
+    assert flat == ["__init__.py", "crashpoints.py", "errors.py", "polling.py"]
     folders = sorted(p.name for p in RUNTIME.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert folders == [
         "artifacts",

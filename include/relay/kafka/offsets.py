@@ -19,6 +19,7 @@ from kafka import errors as kerrors
 from kafka.admin import ConfigFilterType, ConfigResource, ConfigResourceType, NewTopic
 
 from relay.errors import KafkaError, TopicNotFoundError
+from relay.polling import poll
 
 
 @dataclass(frozen=True)
@@ -258,16 +259,20 @@ class KafkaOffsets:
 
     def _wait_for_topic(self, topic: str) -> None:
         """Poll metadata until the new topic is visible to the consumer (creation is asynchronous)."""
-        deadline = time.monotonic() + self.timeout_s
         consumer = self.consumer()
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):  # keep polling until the deadline
-                consumer._client.cluster.request_update()  # force a refresh, topics() may be cached
-                if consumer.partitions_for_topic(topic):
-                    return
-            time.sleep(0.1)
-        raise KafkaError(
-            f"Kafka at {self.bootstrap}: topic {topic!r} not visible {self.timeout_s}s after creation"
+
+        def visible() -> bool | None:
+            consumer._client.cluster.request_update()  # force a refresh, topics() may be cached
+            return True if consumer.partitions_for_topic(topic) else None
+
+        poll(
+            visible,
+            self.timeout_s,
+            0.1,
+            transient=(Exception,),  # kafka-python raises many types while metadata settles
+            on_timeout=lambda: KafkaError(
+                f"Kafka at {self.bootstrap}: topic {topic!r} not visible {self.timeout_s}s after creation"
+            ),
         )
 
     def delete_records(self, topic: str, before: dict[int, int]) -> None:

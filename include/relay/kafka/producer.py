@@ -26,6 +26,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from relay.errors import ConfigError, KafkaError
 from relay.kafka.counter_key import parse_counter_bytes
 from relay.kafka.offsets import KafkaOffsets
+from relay.polling import poll
 
 POISON_KEY = b"-1"
 COUNTER_HEADER = "relay-counter"  # marks the records this producer wrote (value: b"1")
@@ -161,26 +162,34 @@ class _Sender:
 
     def send(self, key: bytes, value: bytes) -> None:
         """Queue one record; a broken or blocked producer is replaced until the delivery timeout."""
-        deadline = time.monotonic() + self.delivery_timeout_s
-        while True:
+        errors: list[Exception] = []
+
+        def queue() -> bool:
             try:
                 if self.producer is None:
                     self.producer = self._new()
                 future = self.producer.send(
                     self.topic, key=key, value=value, headers=[(COUNTER_HEADER, b"1")]
                 )
-                future.add_callback(self.run.acked)
-                future.add_errback(self.run.lost)
-                return
             except Exception as exc:  # noqa: BLE001 - kafka-python raises many types; all mean "not queued"
                 self.run.lost(exc)
                 self.close(timeout_s=1)
-                if time.monotonic() > deadline:
-                    raise KafkaError(
-                        f"Kafka at {self.bootstrap}: could not send to {self.topic!r} for "
-                        f"{self.delivery_timeout_s:g}s: {exc}"
-                    ) from exc
-                time.sleep(0.5)  # back off before a fresh producer: the broker may be restarting
+                errors.append(exc)
+                raise
+            future.add_callback(self.run.acked)
+            future.add_errback(self.run.lost)
+            return True
+
+        poll(  # every 0.5 s a fresh producer: the broker may be restarting
+            queue,
+            self.delivery_timeout_s,
+            0.5,
+            transient=(Exception,),
+            on_timeout=lambda: KafkaError(
+                f"Kafka at {self.bootstrap}: could not send to {self.topic!r} for "
+                f"{self.delivery_timeout_s:g}s: {errors[-1] if errors else 'no answer'}"
+            ),
+        )
 
     def flush(self) -> None:
         if self.producer is not None:

@@ -15,12 +15,21 @@ from relay.errors import LaunchRefusedError, LedgerError, ZombieAttemptError
 from relay.ledger import schema as s
 from relay.ledger.base import LedgerBase, attempt_from_row, token_hash
 from relay.ledger.models import Attempt, AttemptState, Instance
+from relay.polling import poll
 
 LAUNCH_TOKEN_ENV = "RELAY_LAUNCH_TOKEN"
 """The environment variable that carries a submission's launch token to its driver (never argv)."""
 
 DRIVER_ALIVE_S = 15.0
 """A RUNNING attempt whose heartbeat is younger than this is alive (drivers heartbeat every second)."""
+
+
+class _StillAlive(Exception):
+    """Another driver of the instance still heartbeats: wait for it to go stale (or refuse)."""
+
+    def __init__(self, inst: Instance, reason: str) -> None:
+        super().__init__(reason)
+        self.inst, self.reason = inst, reason
 
 
 class AttemptsMixin(LedgerBase):
@@ -54,8 +63,8 @@ class AttemptsMixin(LedgerBase):
         are superseded (FENCED) in the same transaction, and the instance follows ``driver_id``:
         stop/kill must address the driver that runs, not the one first submitted.
         """
-        deadline = time.time() + wait_s
-        while True:
+
+        def attempt() -> Attempt:
             with self.tx() as conn:
                 inst = self.instance(instance_id, conn, lock=True)
                 refused = self._refusal(conn, inst, launch_token, driver_id)
@@ -65,12 +74,18 @@ class AttemptsMixin(LedgerBase):
                             f"instance {instance_id} is {inst.state.value}: a new attempt may not start"
                         )
                     return self._new_attempt(conn, inst, driver_id)
-            if refused.startswith("alive:") and time.time() < deadline:
-                time.sleep(1.0)
-                continue
-            reason = refused.removeprefix("alive:")
-            self.record_refusal(inst, driver_id, reason)
-            raise LaunchRefusedError(reason)
+            if refused.startswith("alive:"):
+                raise _StillAlive(inst, refused.removeprefix("alive:"))
+            self.record_refusal(inst, driver_id, refused)
+            raise LaunchRefusedError(refused)
+
+        try:
+            started = poll(attempt, wait_s, 1.0, transient=(_StillAlive,))
+        except _StillAlive as alive:
+            self.record_refusal(alive.inst, driver_id, alive.reason)
+            raise LaunchRefusedError(alive.reason) from None
+        assert started is not None  # attempt() returns or raises
+        return started
 
     def _refusal(
         self, conn: Connection, inst: Instance, launch_token: str | None, driver_id: str | None

@@ -9,6 +9,7 @@ from relay.config import RelayConfig
 from relay.errors import SparkError
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
+from relay.polling import poll
 from relay.spark.capacity import Needs, never_fits, room_problem
 from relay.spark.launcher import app_prefix, driver_running, spark_client
 from relay.spark.rest import MasterState, SparkApp, SparkDriver
@@ -99,14 +100,19 @@ ROOM_SETTLE_S = 10.0  # a driver that just ended may still hold its cores in the
 def no_room(config: RelayConfig, master: MasterState, settle_s: float = ROOM_SETTLE_S) -> str | None:
     """Why one more instance of the pipeline can't run now (None: it can), looking again for up to
     ``settle_s`` before saying so; the master unreachable on a later look counts as no news."""
-    deadline = time.time() + settle_s
     needs = Needs.of(config)
     if never := never_fits(master, needs):
         return never
-    while (problem := room_problem(master, needs)) and time.time() < deadline:
-        time.sleep(1.0)
+    seen = {"master": master, "problem": room_problem(master, needs)}
+
+    def room() -> bool | None:
         try:
-            master = spark_client(config).master_state()
+            seen["master"] = spark_client(config).master_state()
         except SparkError:
-            continue
-    return problem
+            return None  # no news: the last look stands
+        seen["problem"] = room_problem(seen["master"], needs)
+        return True if seen["problem"] is None else None
+
+    if seen["problem"] is not None:
+        poll(room, settle_s, 1.0)
+    return seen["problem"]

@@ -16,6 +16,7 @@ from relay.errors import OperationError
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps, take_inventory
+from relay.polling import poll
 from relay.spark.launcher import driver_running, kill
 
 Progress = Callable[[str], None]
@@ -65,8 +66,7 @@ def stop_instance(
     """Ask one instance to stop between batches; kill and fence it if it does not within the timeout."""
     t0 = time.time()
     ledger.request_stop(inst.id)
-    while time.time() - t0 < timeout_s and driver_running(config, ledger.instance(inst.id).submission_id):
-        time.sleep(0.5)
+    poll(lambda: None if driver_running(config, ledger.instance(inst.id).submission_id) else True, timeout_s)
     return settle_instance_stop(config, ledger, inst.id, timeout_s, t0, progress)
 
 
@@ -89,17 +89,17 @@ def verify_stopped(config: RelayConfig, ledger: Ledger, local: bool = False) -> 
 
 def wait_no_apps(config: RelayConfig, timeout_s: float = 60.0) -> None:
     """The master is the outside view: nothing of the pipeline may remain in its active applications."""
-    deadline = time.time() + timeout_s
-    while True:
-        apps = master_apps(config, config.pipeline)
-        if not apps:
-            return
-        if time.time() > deadline:
-            raise OperationError(
-                "still running according to the Spark master: "
-                + ", ".join(f"{a.id} ({a.name})" for a in apps)
-            )
-        time.sleep(0.5)
+
+    def gone() -> bool | None:
+        return True if not master_apps(config, config.pipeline) else None
+
+    def still_running() -> OperationError:
+        return OperationError(
+            "still running according to the Spark master: "
+            + ", ".join(f"{a.id} ({a.name})" for a in master_apps(config, config.pipeline))
+        )
+
+    poll(gone, timeout_s, on_timeout=still_running)
 
 
 def stop(

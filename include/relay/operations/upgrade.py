@@ -38,6 +38,7 @@ from relay.operations.waits import (
     WaitTimeout,
     wait_in_process,
 )
+from relay.polling import poll
 from relay.spark.first_commit import FirstCommitWait
 from relay.spark.launcher import driver_running
 
@@ -208,10 +209,12 @@ def _drain(config: RelayConfig, ledger: Ledger, op_id: int, progress: Progress) 
     op = steps.begin_drain(ledger, op_id)
     blue = ledger.instance(op["data"]["blue_id"])
     drained = DrainedWait(ledger, blue.id)
-    while drained.check() is None:
-        if time.time() > steps.drain_deadline(op):
-            return steps.blue_drained(config, ledger, op_id, True, progress)
-        if not driver_running(config, blue.submission_id):
+
+    def check() -> dict | None:
+        done = drained.check()
+        if done is None and not driver_running(config, blue.submission_id):
             progress(f"blue's driver {blue.submission_id} is not running; its rest will be taken over")
-        time.sleep(0.5)
-    return steps.blue_drained(config, ledger, op_id, False, progress)
+        return done
+
+    timed_out = poll(check, steps.drain_deadline(op) - time.time()) is None
+    return steps.blue_drained(config, ledger, op_id, timed_out, progress)

@@ -8,7 +8,6 @@ None while it may still, and raises :class:`OperationError` when it never will (
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 from relay.config import RelayConfig
@@ -16,6 +15,7 @@ from relay.errors import OperationError
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
+from relay.polling import poll
 from relay.spark.first_commit import FirstCommitWait
 from relay.spark.launcher import driver_running
 
@@ -147,11 +147,11 @@ def make_wait(config: RelayConfig, ledger: Ledger, kind: str, args: dict[str, An
 
 def wait_in_process(wait: Wait, timeout_s: float, what: str, poll_s: float = 0.5) -> dict[str, Any]:
     """The CLI's way: poll here until the condition holds; WaitTimeout naming ``what`` on timeout."""
-    deadline = time.time() + timeout_s
-    while True:
-        done = wait.check()
-        if done is not None:
-            return done
-        if time.time() > deadline:
-            raise WaitTimeout(f"{what} did not happen within {timeout_s:.0f}s")
-        time.sleep(poll_s)
+    done = poll(
+        wait.check,
+        timeout_s,
+        poll_s,
+        on_timeout=lambda: WaitTimeout(f"{what} did not happen within {timeout_s:.0f}s"),
+    )
+    assert done is not None  # poll raises on timeout
+    return done

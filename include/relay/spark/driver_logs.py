@@ -138,7 +138,8 @@ class LaunchCounter:
 
     def update(self, logs: WorkerLogs) -> int:
         """Read what is new and return the launches seen so far."""
-        while True:
+        more = True
+        while more:  # chunk by chunk to the end of what the worker has written so far
             chunk = logs.read(self.driver_id, "stderr", self.offset, CHUNK_BYTES)
             if chunk.total < self.offset:  # the file was replaced: count again from its start
                 self.offset, self.launches, self._carry = 0, 0, ""
@@ -147,5 +148,5 @@ class LaunchCounter:
             self.launches += sum(1 for line in complete if line.startswith(LAUNCH_MARKER))
             self._carry = partial[: len(LAUNCH_MARKER)]
             self.offset = chunk.end
-            if chunk.end >= chunk.total or chunk.end == chunk.start:
-                return self.launches
+            more = chunk.start < chunk.end < chunk.total
+        return self.launches

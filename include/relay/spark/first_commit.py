@@ -13,6 +13,7 @@ from relay.config import RelayConfig
 from relay.errors import OperationError, SparkError
 from relay.ledger.models import AttemptState, Instance, InstanceState
 from relay.ledger.store import Ledger
+from relay.polling import poll
 from relay.spark.capacity import HOW_TO_MAKE_ROOM, Needs, start_shortfall
 from relay.spark.driver_logs import LaunchCounter
 from relay.spark.launcher import (
@@ -112,27 +113,30 @@ def wait_until_active(
 ) -> FirstCommit:
     """Wait until the instance committed its first batch; OperationError as soon as the driver
     failed (see :class:`FirstCommitWait`) or after ``timeout_s``."""
-    t0 = time.time()
-    last_note = 0.0
+    t0 = time.monotonic()
     wait = FirstCommitWait(config, ledger, instance_id)
-    while True:
-        done = wait.check()
-        if done is not None:
-            return FirstCommit(instance_id, time.time() - t0, str(done["state"]))
-        inst = wait.instance
-        assert inst is not None  # set by every check
-        if time.time() - t0 > timeout_s:
-            raise OperationError(
-                f"instance {instance_id} made no first commit within {timeout_s:.0f}s "
-                f"(driver {inst.submission_id}): {wait.shortfall()}"
-            )
-        if callable(progress) and time.time() - last_note > 10:
+
+    def driver() -> str:
+        return wait.instance.submission_id if wait.instance is not None else "not submitted"
+
+    def note(waited: float) -> None:
+        if callable(progress):
             progress(
                 f"waiting for instance {instance_id} to commit its first batch "
-                f"({time.time() - t0:.0f}s, driver {inst.submission_id})"
+                f"({waited:.0f}s, driver {driver()})"
             )
-            last_note = time.time()
-        time.sleep(0.5)
+
+    done = poll(
+        wait.check,
+        timeout_s,
+        on_timeout=lambda: OperationError(
+            f"instance {instance_id} made no first commit within {timeout_s:.0f}s "
+            f"(driver {driver()}): {wait.shortfall()}"
+        ),
+        note=note,
+    )
+    assert done is not None  # poll raises on timeout
+    return FirstCommit(instance_id, time.monotonic() - t0, str(done["state"]))
 
 
 START_CHECK_EVERY_S = 3.0

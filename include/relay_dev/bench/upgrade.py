@@ -13,6 +13,7 @@ from typing import Any
 
 from relay.config import RelayConfig
 from relay.errors import OperationError
+from relay.polling import poll
 
 from .cluster import cursors, latest_offsets, wait_caught_up
 from .context import Context, ensure_running
@@ -113,11 +114,11 @@ def _timed_upgrade(ctx: Context, version: str, label: str) -> tuple[dict[str, An
 
 def wait_applied(cfg: RelayConfig, offsets: dict[int, int], timeout_s: float) -> None:
     """Wait until every cursor passed ``offsets`` (under load the cursors never equal the latest)."""
-    deadline = time.monotonic() + timeout_s
-    while not all(cursors(cfg).get(p, -1) >= off for p, off in offsets.items()):
-        if time.monotonic() > deadline:
-            raise OperationError(f"the job did not apply up to {offsets} within {timeout_s:.0f}s")
-        time.sleep(0.5)
+    poll(
+        lambda: all(cursors(cfg).get(p, -1) >= off for p, off in offsets.items()) or None,
+        timeout_s,
+        on_timeout=lambda: OperationError(f"the job did not apply up to {offsets} within {timeout_s:.0f}s"),
+    )
 
 
 def section_upgrade(ctx: Context) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 from relay.config import PROJECT_ROOT
 from relay.config.secret_files import create_private
 from relay.errors import StackError
+from relay.polling import poll
 
 from relay_dev.hosts import netns
 from relay_dev.hosts.layout import HOSTS, PREFIX_LEN, SUBNET, SWITCH, WORKERS, Layout, host_env
@@ -307,9 +308,9 @@ class NamespaceCluster:
                 errors.append(str(exc))
         left_ns = [ns for ns in state.namespaces if netns.exists(ns)]
         recorded = [*state.supervisors.values(), *state.seen]
-        deadline = time.monotonic() + 10  # an orphan's exit is reaped by init, not by us: poll
-        while (left := [p.pid for p in recorded if p.alive()]) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # an orphan's exit is reaped by init, not by us: poll
+        poll(lambda: None if any(p.alive() for p in recorded) else True, 10, 0.1)
+        left = [p.pid for p in recorded if p.alive()]
         state.status = "down" if not (left_ns or left or survivors) else "dirty"
         self._save()
         self._release()

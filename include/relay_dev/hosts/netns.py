@@ -17,12 +17,12 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from relay.errors import StackError
+from relay.polling import poll
 
 from relay_dev.proc_info import pid_alive
 
@@ -103,9 +103,7 @@ def stop_pids(found: list[int], grace_s: float = 10) -> list[int]:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(pid_alive(p) for p in found):
-            time.sleep(0.1)
+        poll(lambda: None if any(pid_alive(p) for p in found) else True, wait, 0.1)
     return [p for p in found if pid_alive(p)]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import requests
 from relay.config import RelayConfig, load_config
 from relay.errors import SparkError
+from relay.polling import poll
 from relay.spark.driver_properties import driver_environment, driver_properties
 from relay.spark.launcher import spark_client
 from relay.spark.rest import MasterState, SparkStandaloneClient
@@ -31,15 +32,8 @@ def _emit(result: dict[str, Any]) -> None:
 def master(cfg: RelayConfig) -> dict[str, Any]:
     """The master's ``/json/`` as the client reads it: status and workers (address, state, size)."""
     client = spark_client(cfg)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            state = client.master_state()
-            break
-        except SparkError:  # a loaded machine: one slow answer is not a failure
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    state = poll(client.master_state, 60, transient=(SparkError,))  # a loaded machine: one slow answer
+    assert state is not None
     workers = [
         {"host": w.host, "state": w.state, "cores": w.cores, "memory_mb": w.memory_mb, "webui": w.webui}
         for w in state.workers
@@ -99,13 +93,15 @@ def spark_app(
     deadline = t0 + timeout_s
     found: dict[str, Any] = {}
     try:
-        while time.monotonic() < deadline:
+
+        def everywhere() -> bool | None:
             try:
-                if _executors_everywhere(client, submission, name, found):
-                    break
+                return _executors_everywhere(client, submission, name, found) or None
             except (SparkError, requests.RequestException) as exc:  # a loaded machine: poll again
                 found["last_error"] = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.5)
+                return None
+
+        poll(everywhere, deadline - time.monotonic())
         found["seconds_to_executors"] = round(time.monotonic() - t0, 2)
     finally:
         found["killed"] = client.kill(submission)

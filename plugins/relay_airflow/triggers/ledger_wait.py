@@ -86,6 +86,8 @@ class LedgerWaitTrigger(BaseTrigger):
         try:
             wait, ledger = await asyncio.to_thread(self._open)
             last_error = ""
+            # The triggerer's async loop (relay.polling.poll is synchronous and would hold its event
+            # loop): the same check, its own deadline (timeout_at survives a triggerer restart).
             while True:
                 try:
                     done = await asyncio.to_thread(wait.check)
