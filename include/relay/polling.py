@@ -4,13 +4,14 @@ Every wait of Relay's (a first commit, a drained lease, a stopped driver, a visi
 worker) is this loop, so no caller keeps its own deadline arithmetic; tenacity holds the policy and
 the clock (monotonic: a wall-clock step does not end or stretch a wait). Loops that run for a
 process's whole life (a heartbeat, the standby's watch, the triggerer's async poll) are not waits and
-say so where they are.
+say so where they are. A GET that met a refused or reset connection is asked again the same way
+(:func:`get_with_retry`): a server restarting for a second is not an answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -18,9 +19,13 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     retry_if_result,
+    stop_after_attempt,
     stop_after_delay,
     wait_fixed,
 )
+
+if TYPE_CHECKING:
+    import requests
 
 T = TypeVar("T")
 
@@ -65,3 +70,23 @@ def poll(
         if cause is not None:
             raise cause from None
         return None
+
+
+GET_TRIES = 3
+GET_RETRY_WAIT_S = 0.3
+
+
+def get_with_retry(session: requests.Session | None, url: str, **kwargs: Any) -> requests.Response:
+    """``GET url``, asked again (up to GET_TRIES, GET_RETRY_WAIT_S apart) when the connection was
+    refused or reset; a timeout is not retried (the caller's timeout already waited), nor is any
+    answer. The last ConnectionError propagates."""
+    import requests  # here: most users of this module (the drivers' waits) make no HTTP call
+
+    get = session.get if session is not None else requests.get
+    retrying = Retrying(
+        retry=retry_if_exception_type(requests.ConnectionError),
+        stop=stop_after_attempt(GET_TRIES),
+        wait=wait_fixed(GET_RETRY_WAIT_S),
+        reraise=True,
+    )
+    return retrying(get, url, **kwargs)

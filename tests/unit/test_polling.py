@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import http.server
 import itertools
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import requests
 from relay.errors import OperationError
-from relay.polling import poll
+from relay.polling import GET_TRIES, get_with_retry, poll
 
 
 def test_returns_the_first_result_that_is_not_none() -> None:
@@ -66,3 +72,45 @@ def test_long_waits_report_progress() -> None:
     poll(lambda: None, 0.1, 0.01, note=seen.append, note_every_s=0.03)
     assert seen and all(b > a for a, b in itertools.pairwise(seen))
     assert 1 <= len(seen) <= 4
+
+
+class _Flaky(requests.Session):
+    """A real session whose first ``refusals`` GETs meet a refused connection (a restarting server)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals, self.calls = refusals, 0
+
+    def get(self, url: str | bytes, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise requests.ConnectionError("connection refused")
+        return super().get(url, **kwargs)
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_get_is_asked_again_after_a_refused_connection(server: str) -> None:
+    session = _Flaky(refusals=GET_TRIES - 1)
+    assert get_with_retry(session, server, timeout=5).status_code == 200
+    assert session.calls == GET_TRIES
+
+
+def test_a_get_refused_every_time_raises_the_last_refusal() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    session = _Flaky(refusals=0)
+    with pytest.raises(requests.ConnectionError):
+        get_with_retry(session, f"http://127.0.0.1:{port}/", timeout=5)
+    assert session.calls == GET_TRIES

@@ -20,8 +20,10 @@ def airflow_status(url: str) -> tuple[dict[str, Any] | None, str | None]:
     """(the health document, None) or (None, why it could not be read)."""
     import requests
 
+    from relay.polling import get_with_retry
+
     try:
-        response = requests.get(f"{url}/api/v2/monitor/health", timeout=TIMEOUT_S)
+        response = get_with_retry(None, f"{url}/api/v2/monitor/health", timeout=TIMEOUT_S)
         response.raise_for_status()
         body = response.json()
     except (requests.RequestException, ValueError) as exc:

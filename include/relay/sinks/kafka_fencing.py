@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from kafka import TopicPartition
 from kafka import errors as kerrors
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from relay.sinks import kafka_clients as kc
 from relay.sinks import kafka_markers as km
@@ -161,7 +162,8 @@ def _retake(
 ) -> _Found:
     """init_transactions on ``key``, read its marker (and ``also``'s; ``everything_of``: every key of
     that instance), commit ``decide``'s marker when it differs. Returns the markers read."""
-    for attempt in range(1, _FENCE_TRIES + 1):
+
+    def once() -> _Found:
         producer = kc.new_producer(sink.settings, key)
         try:
             with kc.readers(sink.settings) as pair:
@@ -175,10 +177,14 @@ def _retake(
                 producer.send(sink.marker_topic, value=new.encode(), key=key.encode(), partition=tp.partition)
                 producer.commit_transaction()
             return found
-        except (kerrors.KafkaError, TimeoutError):
-            # Fenced by a task's init_transactions meanwhile: take the id again and re-read.
-            if attempt == _FENCE_TRIES or time.monotonic() > deadline:
-                raise
         finally:
             kc.close_quietly(producer)
-    raise AssertionError("unreachable")
+
+    # Fenced by a task's init_transactions meanwhile: take the id again and re-read, while tries and
+    # the deadline last; then the last error propagates.
+    retrying = Retrying(
+        retry=retry_if_exception_type((kerrors.KafkaError, TimeoutError)),
+        stop=stop_after_attempt(_FENCE_TRIES) | (lambda _state: time.monotonic() > deadline),
+        reraise=True,
+    )
+    return retrying(once)

@@ -44,6 +44,7 @@ from typing import Any
 from kafka import TopicPartition
 from kafka import errors as kerrors
 from kafka.admin import NewTopic
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError
@@ -64,6 +65,10 @@ DEFAULT_FENCE_WAIT_S = 300.0
 CRASH_BEFORE_COMMIT = "kafka_sink.before_commit"  # tests: die with rows and marker sent, uncommitted
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _Row = tuple[int, bytes | None, bytes | None]  # (source offset, key, value)
+
+
+_RETAKE = (kerrors.KafkaError, TimeoutError, OSError)
+"""What a producer whose transactional id another one took meets (the write is retaken once)."""
 
 
 class KafkaTransactionalSink:
@@ -257,7 +262,8 @@ class KafkaTransactionalSink:
         ikey = km.instance_key(ctx.pipeline, ctx.instance_id)
         offsets = [row[0] for row in group]
         where = f"writing batch {ctx.batch_id} of instance {ctx.instance_id} to topic {self.topic!r}"
-        for attempt in (1, 2):
+
+        def once() -> tuple[int, int]:
             entry = kc.checkout_producer(self.settings, key)  # Step 1.
             try:
                 if entry is None:
@@ -272,20 +278,24 @@ class KafkaTransactionalSink:
                         entry.producer, group, plan, key, tp, source_headers(ctx, topic, partition)
                     )  # Step 5.
                     entry.marker = plan.marker
-            except (kerrors.KafkaError, TimeoutError, OSError) as exc:
+            except _RETAKE:
                 if entry is not None:
                     kc.close_quietly(entry.producer)  # never reuse it; its open transaction is dropped
                 self._refuse_if_fenced(ctx, key, ikey, tp, where)
-                if attempt == 1:
-                    continue  # another producer took the id (a retried copy of this task): retake it
-                raise kc.wrap(exc, self.settings, where) from None
+                raise
             except BaseException:
                 if entry is not None:
                     kc.close_quietly(entry.producer)
                 raise
             kc.checkin_producer(self.settings, key, entry)
             return len(plan.send), plan.unchanged
-        raise AssertionError("unreachable")
+
+        # Another producer took the id (a retried copy of this task): retake it once, then fail.
+        retrying = Retrying(retry=retry_if_exception_type(_RETAKE), stop=stop_after_attempt(2), reraise=True)
+        try:
+            return retrying(once)
+        except _RETAKE as exc:
+            raise kc.wrap(exc, self.settings, where) from None
 
     def _send(
         self,

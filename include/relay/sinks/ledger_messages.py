@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError, RelayError
@@ -189,14 +190,17 @@ class LedgerMessagesSink:
             todo.setdefault((topic, partition), {})[offset] = record
         if not todo:
             return result
-        for attempt in range(1, _RETRIES + 1):
-            try:
-                with self._errors(f"writing batch {ctx.batch_id} of instance {ctx.instance_id}"):
-                    written = self._write(ctx, todo)
-                break
-            except SinkUnavailableError:
-                if attempt == _RETRIES:
-                    raise
+
+        def write() -> tuple[int, int, int]:
+            with self._errors(f"writing batch {ctx.batch_id} of instance {ctx.instance_id}"):
+                return self._write(ctx, todo)
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(SinkUnavailableError),
+            stop=stop_after_attempt(_RETRIES),
+            reraise=True,
+        )
+        written = retrying(write)
         rows_written, dead, unchanged = written
         result.rows_written = rows_written
         result.rows_unchanged = unchanged

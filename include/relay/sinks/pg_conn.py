@@ -20,7 +20,14 @@ from urllib.parse import parse_qs, unquote
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from relay.errors import ConfigError
 from relay.ledger.engine import safe_url
@@ -167,7 +174,8 @@ def retried_transaction(
     """``work`` then COMMIT on a pooled connection, retried on a deadlock, a serialization failure
     or a broken connection (nothing committed; or, broken at COMMIT, committed: a sink's write is
     idempotent). ``passthrough`` errors roll back and propagate; so does the last psycopg2 error."""
-    for attempt in range(1, RETRIES + 1):
+
+    def once() -> _T:
         conn = checkout(url)
         try:
             with conn.cursor() as cur:
@@ -183,15 +191,28 @@ def retried_transaction(
             if not broken:
                 conn.rollback()
             checkin(url, conn)
-            if (broken or isinstance(exc, RETRYABLE)) and attempt < RETRIES:
-                continue
+            if broken or isinstance(exc, RETRYABLE):
+                raise _Again(exc) from exc
             raise
         except BaseException:
             discard(conn)  # mid-transaction for an unknown reason: never reuse it
             raise
         checkin(url, conn)
         return out
-    raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
+
+    retrying = Retrying(retry=retry_if_exception_type(_Again), stop=stop_after_attempt(RETRIES), reraise=True)
+    try:
+        return retrying(once)
+    except _Again as again:
+        raise again.error from None
+
+
+class _Again(Exception):
+    """A psycopg2 error worth another try (nothing committed, or a write that is idempotent)."""
+
+    def __init__(self, error: psycopg2.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def close_all() -> None:

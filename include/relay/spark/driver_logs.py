@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import requests
 
 from relay.errors import SparkError
+from relay.polling import get_with_retry
 
 HEADER_RE = re.compile(r"==== Bytes (\d+)-(\d+) of (\d+) of (.*) ====")
 LAUNCH_MARKER = "Launch Command: "
@@ -110,7 +111,7 @@ class WorkerLogs:
         url = f"{self.webui_url}/log/"
         what = f"Spark worker at {url}: {log_type} of {driver_id}"
         try:
-            response = self.session.get(url, params=params, timeout=self.timeout_s)
+            response = get_with_retry(self.session, url, params=params, timeout=self.timeout_s)
         except requests.RequestException as exc:
             raise SparkError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:

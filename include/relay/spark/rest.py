@@ -18,6 +18,7 @@ from typing import Any
 import requests
 
 from relay.errors import SparkError
+from relay.polling import get_with_retry
 from relay.spark.auth import RestSigner, refusal
 from relay.spark.driver_logs import DriverLogUnavailable, LaunchCounter, WorkerLogs
 
@@ -253,7 +254,14 @@ class SparkStandaloneClient:
     ) -> dict[str, Any]:
         headers = self._rest_headers() if signed else {}
         try:
-            response = self._session.request(method, url, timeout=self.timeout_s, headers=headers, **kwargs)
+            if method == "GET":  # a read is asked again after a refused or reset connection
+                response = get_with_retry(
+                    self._session, url, timeout=self.timeout_s, headers=headers, **kwargs
+                )
+            else:  # a submission or a kill is not repeated blindly
+                response = self._session.request(
+                    method, url, timeout=self.timeout_s, headers=headers, **kwargs
+                )
         except requests.RequestException as exc:
             raise SparkError(f"Spark at {url}: {what} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code in (401, 403):
