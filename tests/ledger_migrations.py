@@ -84,9 +84,10 @@ def race_create(url: str, racers: int = 4) -> list[tuple[str, str]]:
                 proc.join(timeout=10)
 
 
-def throwaway_revision(tmp_path: Path) -> tuple[Path, str]:
+def throwaway_revision(tmp_path: Path, fail: bool = False) -> tuple[Path, str]:
     """A copy of the migrations with one more revision, written by the developer tool (``--empty``)
-    and filled by hand as a developer would: a column and a table. Its folder and revision id."""
+    and filled by hand as a developer would: a column and a table (then, with ``fail``, an error).
+    Its folder and revision id."""
     location = tmp_path / "migrations"
     shutil.copytree(revision.SCRIPT_LOCATION, location, ignore=shutil.ignore_patterns("__pycache__"))
     path = write_revision("throwaway column and table", autogenerate=False, location=location)
@@ -97,7 +98,8 @@ def throwaway_revision(tmp_path: Path) -> tuple[Path, str]:
             "def upgrade() -> None:\n    pass\n",
             "def upgrade() -> None:\n"
             '    op.add_column("pipelines", sa.Column("note", sa.Text(), nullable=True))\n'
-            f'    op.create_table("{EXTRA_TABLE}", sa.Column("id", sa.Integer(), primary_key=True))\n',
+            f'    op.create_table("{EXTRA_TABLE}", sa.Column("id", sa.Integer(), primary_key=True))\n'
+            + ('    raise RuntimeError("migration failed halfway")\n' if fail else ""),
         )
     )
     return location, path.name.split("_", 1)[0]

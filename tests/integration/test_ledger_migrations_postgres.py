@@ -96,3 +96,21 @@ def test_a_future_migration_upgrades_an_existing_ledger_once(
     with engine.connect() as conn:
         assert "note" in {c["name"] for c in inspect(conn).get_columns("pipelines")}
     engine.dispose()
+
+
+def test_a_migration_that_fails_halfway_leaves_the_ledger_as_it_was(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_ledger(url)
+    before = tables(url)
+    location, rev_id = throwaway_revision(tmp_path, fail=True)
+    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
+    monkeypatch.setattr(revision, "HEAD", rev_id)
+    with pytest.raises(RuntimeError, match="migration failed halfway"):
+        Ledger(url).instances("p")
+    monkeypatch.undo()
+    assert tables(url) == before and version_rows(url) == [revision.HEAD]
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert "note" not in {c["name"] for c in inspect(conn).get_columns("pipelines")}
+    engine.dispose()

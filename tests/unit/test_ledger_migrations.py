@@ -124,6 +124,21 @@ def test_a_future_migration_upgrades_an_existing_ledger_once(
     engine.dispose()
 
 
+def test_a_migration_that_fails_halfway_leaves_the_ledger_as_it_was(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DDL and the stamp share Relay's transaction (SQLite's DDL is transactional too)."""
+    create_ledger(url)
+    before = _sqlite_schema(url)
+    location, rev_id = throwaway_revision(tmp_path, fail=True)
+    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
+    monkeypatch.setattr(revision, "HEAD", rev_id)
+    with pytest.raises(RuntimeError, match="migration failed halfway"):
+        Ledger(url).instances("p")
+    monkeypatch.undo()
+    assert _sqlite_schema(url) == before and version_rows(url) == [revision.HEAD]
+
+
 def test_the_developer_tool_moves_head(tmp_path: Path) -> None:
     module = tmp_path / "revision.py"
     module.write_text(Path(revision.__file__).read_text())

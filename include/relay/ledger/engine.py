@@ -146,7 +146,7 @@ def _open(url: str, create: bool) -> tuple[Engine, str | None]:
             if not create and not revision.is_ledger(conn):
                 raise _not_found(url)
             found = revision.ensure_current(conn)
-    except (SQLAlchemyError, LedgerError):
+    except BaseException:  # a failed migration included: nothing of it was committed
         engine.dispose()
         raise
     return engine, found

@@ -119,15 +119,15 @@ def _upgrade(conn: Connection, found: str | None) -> None:
     from alembic.util import CommandError
 
     config = alembic_config(conn)
-    script = ScriptDirectory.from_config(config)
-    if found is not None:
-        try:
-            script.get_revision(found)
-        except CommandError as exc:
-            raise LedgerError(
-                f"the ledger is at revision {found!r}, which this Relay does not know (its newest is "
-                f"{script.get_current_head()!r}): upgrade Relay if a newer one made it; "
-                f"else {NEW_LEDGER_HINT}"
-            ) from exc
     with _ALEMBIC:
-        command.upgrade(config, "head")
+        script = ScriptDirectory.from_config(config)
+        if found is not None:
+            try:
+                script.get_revision(found)
+            except CommandError as exc:
+                raise LedgerError(
+                    f"the ledger is at revision {found!r}, which this Relay does not know (its newest is "
+                    f"{script.get_current_head()!r}): upgrade Relay if a newer one made it; "
+                    f"else {NEW_LEDGER_HINT}"
+                ) from exc
+        command.upgrade(config, "head")  # in conn's transaction: a failure leaves nothing behind
