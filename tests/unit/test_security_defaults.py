@@ -20,7 +20,6 @@ from relay.artifacts import artifact, build_artifact, require_env_interface
 from relay.config import load_config
 from relay.config.secret_files import ensure_user_password
 from relay.errors import ConfigError, LedgerError, LedgerNotFoundError, SparkError
-from relay.ledger import schema as s
 from relay.ledger.engine import create_ledger, ledger_exists, safe_url
 from relay.ledger.models import Color, Instance, InstanceState
 from relay.ledger.store import Ledger
@@ -33,7 +32,7 @@ from relay_dev.postgres_local import restrict_dir
 from relay_dev.stack import LocalStack, Part
 from relay_dev.stack_setup import REST_UNPROTECTED, master_properties_file, prepare_data_dir
 from relay_dev.supervision import Program, Supervisor
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine
 
 PASSWORD = "p@ss/w:rd@x"
 
@@ -107,55 +106,25 @@ def test_explicit_create_makes_a_0600_ledger_and_opening_it_works(tmp_path: Path
         assert mode(path) == 0o600, path
 
 
-def test_a_ledger_older_than_the_baseline_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    Ledger(url, create=True).close()
-    engine = create_engine(url)
-    with engine.begin() as conn:  # as a ledger of an older Relay says (it also held the counter's tables)
-        conn.execute(s.schema_version.update().values(version=s.BASELINE - 1))
-    with pytest.raises(LedgerError, match="older than this Relay supports.*create a new ledger"):
-        Ledger(url).instances("p")
-    with engine.begin() as conn:
-        assert conn.execute(select(s.schema_version.c.version)).scalar() == s.BASELINE - 1
+def test_a_ledger_of_the_hand_written_migrations_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """Before Alembic, ``relay_schema`` held the version (7 to 9): such a ledger is refused, unchanged.
+    The Alembic migrations themselves: ``test_ledger_migrations.py``."""
+    db = tmp_path / "old.db"
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:  # as a version 9 ledger says
+        conn.exec_driver_sql("CREATE TABLE relay_schema (version INTEGER NOT NULL)")
+        conn.exec_driver_sql("INSERT INTO relay_schema VALUES (9)")
+    assert ledger_exists(f"sqlite:///{db}") is True  # a ledger, not a typo: refused for its age instead
+    for open_it in (
+        lambda: Ledger(f"sqlite:///{db}").instances("p"),
+        lambda: create_ledger(f"sqlite:///{db}"),
+    ):
+        with pytest.raises(LedgerError, match=r"schema version 9.*create a new ledger"):
+            open_it()
+    with engine.connect() as conn:
+        tables = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='table'")}
     engine.dispose()
-
-
-def test_a_migration_after_the_baseline_runs_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    Ledger(url, create=True).close()  # created at today's version
-    ran: list[int] = []
-    monkeypatch.setattr(s, "MIGRATIONS", [*s.MIGRATIONS, lambda conn: ran.append(1)])
-    monkeypatch.setattr(s, "SCHEMA_VERSION", s.SCHEMA_VERSION + 1)
-    for _ in range(2):
-        ledger = Ledger(url)
-        with ledger.tx() as conn:
-            assert conn.execute(select(s.schema_version.c.version)).scalar() == s.SCHEMA_VERSION
-        ledger.close()
-    assert ran == [1]
-
-
-def test_a_ledger_at_the_baseline_gets_the_partition_marks_table_and_the_instance_columns(
-    tmp_path: Path,
-) -> None:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    Ledger(url, create=True).close()
-    engine = create_engine(url)
-    with engine.begin() as conn:  # as a ledger created before version 8 was
-        s.partition_marks.drop(conn)
-        conn.exec_driver_sql("ALTER TABLE instances DROP COLUMN role")
-        conn.exec_driver_sql("ALTER TABLE instances DROP COLUMN resources")
-        conn.execute(s.schema_version.update().values(version=s.BASELINE))
-    engine.dispose()
-    ledger = Ledger(url)
-    with ledger.tx() as conn:
-        assert conn.execute(select(s.schema_version.c.version)).scalar() == s.SCHEMA_VERSION == 9
-        assert conn.execute(select(s.partition_marks)).all() == []
-        inst = ledger.create_instance(
-            conn, "p", "v1", Color.BLUE, "", "", role="hot-standby", resources={"cores_max": 2}
-        )
-    found = ledger.instance(inst.id)
-    assert (found.role, found.resources) == ("hot-standby", {"cores_max": 2})
-    ledger.close()
+    assert tables == {"relay_schema"}
 
 
 def test_cli_refuses_a_mistyped_ledger_url_and_ledger_init_creates_it(

@@ -25,12 +25,13 @@ def _say(msg: str) -> None:
 # --------------------------------------------------------------------------------------- commands
 def cmd_ledger(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """``ledger init``: the explicit create (opening a ledger never creates one: a typo in
-    RELAY_LEDGER_URL must not start a new, empty ledger that a deploy would fill from scratch)."""
-    from relay.ledger import schema
+    RELAY_LEDGER_URL must not start a new, empty ledger that a deploy would fill from scratch).
+    An existing ledger is brought to this Relay's schema revision (Alembic's head)."""
     from relay.ledger.engine import create_ledger, safe_url
+    from relay.ledger.revision import HEAD
 
     created = create_ledger(cfg.ledger_url)
-    return {"ledger": safe_url(cfg.ledger_url), "created": created, "schema_version": schema.SCHEMA_VERSION}
+    return {"ledger": safe_url(cfg.ledger_url), "created": created, "schema_revision": HEAD}
 
 
 def cmd_produce(cfg: RelayConfig, a: argparse.Namespace) -> Any:

@@ -5,7 +5,8 @@ made a new, empty SQLite file (or migrated an unrelated PostgreSQL database), an
 would reprocess the topic from the start. Here opening and creating are two different calls: only
 an explicit create (``relay stack up``, ``relay ledger init``, test fixtures) makes a ledger, and
 opening one that is not there is refused with :class:`LedgerNotFoundError`, leaving nothing behind.
-Opening an existing ledger of an older schema still migrates it.
+Opening an existing ledger of an older revision still migrates it where the migrations are files (the
+installed package); a driver running from its artifact only checks the revision (``revision.py``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, inspect
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from relay.errors import ConfigError, LedgerError, LedgerNotFoundError, LedgerUnavailableError
-from relay.ledger import schema as s
+from relay.ledger import revision
 
 SQLITE_PREFIX = "sqlite"
 POSTGRES_PREFIX = "postgresql"
@@ -97,8 +98,8 @@ def _prepare_sqlite_file(path: Path) -> None:
         path.chmod(0o600)
 
 
-def _sqlite_has_schema(path: Path) -> bool:
-    """True when the file exists and holds ``relay_schema``; read-only, so it changes nothing.
+def _sqlite_is_ledger(path: Path) -> bool:
+    """True when the file exists and holds a ledger's version table; read-only, so it changes nothing.
 
     A locked or unreadable file is not "no ledger": that is LedgerUnavailableError, so a driver
     started while the ledger is locked is relaunched instead of giving up.
@@ -109,7 +110,8 @@ def _sqlite_has_schema(path: Path) -> bool:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
         try:
             found = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (s.schema_version.name,)
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)",
+                (revision.VERSION_TABLE, revision.LEGACY_TABLE),
             ).fetchone()
         finally:
             conn.close()
@@ -121,57 +123,58 @@ def _sqlite_has_schema(path: Path) -> bool:
 
 
 def open_engine(url: str, create: bool = False) -> Engine:
-    """An engine on the ledger at ``url``, its schema brought to the current version.
+    """An engine on the ledger at ``url``, its schema brought to this code's revision.
 
     Without ``create`` the ledger must exist: a SQLite URL must name an existing file and the
-    database must hold ``relay_schema``; otherwise :class:`LedgerNotFoundError`, and no file, table
-    or folder is created. Vendor errors are raised as they are (the caller wraps them).
+    database must hold the ledger's version table; otherwise :class:`LedgerNotFoundError`, and no
+    file, table or folder is created. Vendor errors are raised as they are (the caller wraps them).
     """
+    return _open(url, create)[0]
+
+
+def _open(url: str, create: bool) -> tuple[Engine, str | None]:
+    """The engine and the revision the ledger was at before (None: created now)."""
     if url.startswith(SQLITE_PREFIX):
         path = sqlite_path(url)
         if path is not None and create:
             _prepare_sqlite_file(path)
-        elif not create and (path is None or not _sqlite_has_schema(path)):
+        elif not create and (path is None or not _sqlite_is_ledger(path)):
             raise _not_found(url)  # checked read-only: a foreign file is not even switched to WAL
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            if not create and not inspect(conn).has_table(s.schema_version.name):
+            if not create and not revision.is_ledger(conn):
                 raise _not_found(url)
-            found = s.migrate(conn)
-    except (SQLAlchemyError, LedgerError):
+            found = revision.ensure_current(conn)
+    except BaseException:  # a failed migration included: nothing of it was committed
         engine.dispose()
         raise
-    if found > s.SCHEMA_VERSION:
-        engine.dispose()
-        raise LedgerError(
-            f"ledger schema version {found} is newer than this code ({s.SCHEMA_VERSION}): upgrade Relay"
-        )
-    return engine
+    return engine, found
 
 
 def create_ledger(url: str) -> bool:
-    """Create (or migrate) the ledger at ``url`` now; True when it did not exist before.
+    """Create (or migrate) the ledger at ``url`` now; True when this call created it (of two
+    processes creating the same ledger at once, one).
 
     The explicit create behind ``relay stack up``, ``relay ledger init`` and test fixtures. A
     SQLite file is made 0600 (tightened if it exists with a looser mode).
     """
     try:
-        existed = ledger_exists(url)
-        open_engine(url, create=True).dispose()
+        engine, found = _open(url, create=True)
     except SQLAlchemyError as exc:
         raise LedgerError(f"cannot create the ledger at {safe_url(url)}: {exc}") from exc
-    return not existed
+    engine.dispose()
+    return found is None
 
 
 def ledger_exists(url: str) -> bool:
-    """True when ``url`` names an existing ledger (SQLite: the file; both: ``relay_schema``)."""
+    """True when ``url`` names an existing ledger (SQLite: the file; both: a ledger's version table)."""
     if url.startswith(SQLITE_PREFIX):
         path = sqlite_path(url)
-        return path is not None and _sqlite_has_schema(path)
+        return path is not None and _sqlite_is_ledger(path)
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            return bool(inspect(conn).has_table(s.schema_version.name))
+            return revision.is_ledger(conn)
     finally:
         engine.dispose()

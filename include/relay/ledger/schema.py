@@ -1,14 +1,13 @@
-"""The ledger's tables (SQLAlchemy Core) and their versioned migrations, for SQLite and PostgreSQL.
+"""The ledger's tables (SQLAlchemy Core), for SQLite and PostgreSQL.
 
 The ledger is the durable truth of a pipeline: Spark checkpoints are per-instance caches. It holds
 Relay's own tables only; a sink that keeps tables in the same database creates them itself (the
-counter's: ``relay.sinks.ledger_messages_tables``). A new ledger is created at BASELINE; every later
-migration is a function applied once, in order; the applied version is kept in ``relay_schema``.
+counter's: ``relay.sinks.ledger_messages_tables``). These definitions are what the code reads and
+writes; the database gets them through Alembic's migrations (``migrations/``, ``revision.py``): a
+change here needs a new migration, and a unit test fails until the migrated schema matches.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from sqlalchemy import (
     JSON,
@@ -25,18 +24,12 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    select,
 )
-from sqlalchemy.engine import Connection
-
-from relay.errors import LedgerError
 
 metadata = MetaData()
 
 # BigInteger primary keys autoincrement on PostgreSQL; SQLite needs INTEGER for its rowid alias.
 Id = BigInteger().with_variant(Integer(), "sqlite")
-
-schema_version = Table("relay_schema", metadata, Column("version", Integer, nullable=False))
 
 pipelines = Table(
     "pipelines",
@@ -233,42 +226,3 @@ partition_marks = Table(
     Column("crc", BigInteger, nullable=False),
     Column("taken_at", Float, nullable=False),
 )
-
-
-BASELINE = 7
-"""The version a new ledger is created at: Relay's own tables only. Versions 1 to 6 also held the
-counter's tables (now its sink's); a ledger of those versions is refused: create a new one."""
-
-
-def _add_columns(conn: Connection, table: str, *columns: str) -> None:
-    for column in columns:
-        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column}")
-
-
-# Migrations after the baseline (version BASELINE + 1, + 2, ...): append, never edit an applied one.
-MIGRATIONS: list[Callable[[Connection], None]] = [
-    lambda conn: partition_marks.create(conn, checkfirst=True),  # 8: topic identity
-    lambda conn: _add_columns(conn, "instances", "role VARCHAR(20)", "resources JSON"),  # 9: standby, scale
-]
-SCHEMA_VERSION = BASELINE + len(MIGRATIONS)
-
-
-def migrate(conn: Connection) -> int:
-    """Create the schema (a new ledger) or bring it to SCHEMA_VERSION; return the version found before.
-    LedgerError for a ledger older than BASELINE."""
-    schema_version.create(conn, checkfirst=True)
-    found = conn.execute(select(schema_version.c.version)).scalar()
-    if found is None:
-        metadata.create_all(conn)
-        conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
-        return 0
-    if found < BASELINE:
-        raise LedgerError(
-            f"ledger schema version {found} is older than this Relay supports ({BASELINE}): create a new "
-            "ledger (relay ledger init with another RELAY_LEDGER_URL) and deploy again"
-        )
-    for version in range(found + 1, SCHEMA_VERSION + 1):
-        MIGRATIONS[version - BASELINE - 1](conn)
-    if found < SCHEMA_VERSION:
-        conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
-    return found
