@@ -5,7 +5,6 @@ where Relay was built, so it reads Kafka through kafka-python. The source mimics
 source where users can see it -- schema, option names, the offset JSON stored in the checkpoint
 (``{"topic": {"0": next_offset}}``), ``maxOffsetsPerTrigger`` splitting and ``failOnDataLoss`` -- so a
 job can switch to the JVM connector where its jar exists without touching checkpoints or sinks.
-
 Register it with :func:`register` and read with ``spark.readStream.format("relaykafka")``.
 
 Where the code runs: ``initialOffset``/``latestOffset``/``partitions``/``commit`` run in one long-lived

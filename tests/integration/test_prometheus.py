@@ -1,7 +1,8 @@
 """A real Prometheus (Debian's package) scrapes ``relay metrics serve`` on the test stack: its query
-for a partition's lag follows a load step (up, then back to 0), the applied count grows by what was
-produced, and a health check's findings appear. Both processes run on free loopback ports with their
-files in the test's folder, and are stopped by PID."""
+for a partition's lag follows a load step (up, then back to 0) and an upgrade under load (two live
+instances during the handoff, the pause, green ACTIVE, the lag back to 0), the applied count grows
+by what was produced, and a health check's findings appear. Both processes run on free loopback
+ports with their files in the test's folder, and are stopped by PID."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from relay.kafka.producer import produce
 from relay.ledger.engine import create_ledger
 from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
+from relay.operations.upgrade import upgrade
 
 from tests.conftest import free_port, stop_process, wait_for
 from tests.integration.helpers import pipeline_run
@@ -32,6 +35,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is not installed"),
 ]
 RECORDS = 6000
+UPGRADE_LOAD = 3000  # records at 100/s while the upgrade runs
 
 
 @pytest.fixture()
@@ -116,3 +120,40 @@ def test_prometheus_sees_the_lag_rise_and_fall_and_the_records_applied(
         "the health findings", lambda: query(prom, f'relay_health_level{{{p}, check="lag"}}') == 0.0, 60, 1
     )
     assert query(prom, f'relay_lag_seconds{{{p}, partition="0"}}') == 0.0
+
+    # An upgrade under a steady load: Prometheus follows the handoff and the lag through it.
+    t1 = time.time()
+    load = threading.Thread(
+        target=produce, args=(cfg.kafka_bootstrap, cfg.topic, UPGRADE_LOAD, 100.0), kwargs={"partitions": 3}
+    )
+    load.start()
+    try:
+        result = upgrade(cfg, "v2", grace_s=240, drain_timeout_s=240)
+    finally:
+        load.join()
+    assert result["state"] == "DONE" and result["duplicates"] == 0 and result["gaps"] == 0, result
+    wait_for(
+        "green ACTIVE in Prometheus",
+        lambda: query(prom, f'relay_instance_info{{{p}, version="v2", state="ACTIVE"}}') == 1.0,
+        60,
+        1,
+    )
+    wait_for(
+        "the lag back to 0 after the upgrade",
+        lambda: query(prom, f"sum(relay_lag_records{{{p}}})") == 0.0,
+        180,
+        1,
+    )
+    window = int(time.time() - t1) + 5
+    assert query(prom, f"max_over_time(relay_instances_live{{{p}}}[{window}s])") == 2.0  # blue and green
+    assert (query(prom, f'max_over_time(relay_lag_records{{{p}, partition="0"}}[{window}s])') or 0) > 0
+    wait_for(  # a scrape may time out on a loaded machine: the next one brings it
+        "the upgrade DONE in Prometheus",
+        lambda: query(prom, f'relay_operations_total{{{p}, kind="upgrade", state="DONE"}}') == 1.0,
+        60,
+        1,
+    )
+    pause = query(prom, f"relay_upgrade_last_pause_seconds{{{p}}}")
+    assert pause is not None and 0 < pause < 60, pause
+    applied = query(prom, f"increase(relay_applied_records_total{{{p}}}[{window}s])") or 0
+    assert applied > UPGRADE_LOAD * 0.8, applied  # one counter across blue and green
