@@ -17,8 +17,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-import requests
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.errors import StackError
+from relay_dev.airflow_api import AirflowApi
 from relay_dev.airflow_local import airflow_env
 
 from tests.browser import wait_until
@@ -40,34 +41,23 @@ def card(dag_id: str) -> str:
     return f"//*[@data-testid='dag-card'][.//a[normalize-space()='{dag_id}']]"
 
 
-def wait_dags_registered(url: str, password: str, timeout_s: float = 300) -> None:
+def wait_dags_registered(config: RelayConfig, timeout_s: float = 300) -> None:
     """Wait (REST) until the dag-processor registered all five DAGs: the UI's list does not refresh by
     itself, so a page opened before that would show fewer. Done before the demo too: right after its
     start, under load, the api-server was seen taking over 15 s (run_demo's timeout) for a token."""
-    token: dict[str, str] = {}
+    api = AirflowApi(config, timeout_s=60)
 
     def registered() -> bool:
         try:
-            if not token:
-                body = {"username": "admin", "password": password}
-                token["Authorization"] = (
-                    "Bearer "
-                    + requests.post(f"{url}/auth/token", json=body, timeout=60).json()["access_token"]
-                )
-            reply = requests.get(
-                f"{url}/api/v2/dags",
-                params={"dag_id_pattern": "relay_", "limit": 100},
-                headers=token,
-                timeout=60,
-            )
-        except requests.RequestException:
+            found = api.call(api.dags.get_dags, dag_id_pattern="relay_", limit=100)
+        except StackError:  # no answer yet, or no token yet: the api-server is still starting
             return False
-        return reply.ok and set(RELAY_DAGS) <= {d["dag_id"] for d in reply.json()["dags"]}
+        return set(RELAY_DAGS) <= {d.dag_id for d in found.dags}
 
     wait_for("the dag-processor to register the five Relay DAGs", registered, timeout=timeout_s, interval=1)
     # A registered DAG whose file no longer imports is left out of the UI's list: say so here.
-    errors = requests.get(f"{url}/api/v2/importErrors", headers=token, timeout=60).json()["import_errors"]
-    broken = {e["filename"]: e["stack_trace"].strip().splitlines()[-1] for e in errors}
+    errors = api.call(api.import_errors.get_import_errors).import_errors
+    broken = {e.filename: e.stack_trace.strip().splitlines()[-1] for e in errors}
     assert not broken, (
         f"the dag-processor's import errors (Airflow restarted since the code changed?): {broken}"
     )

@@ -40,9 +40,14 @@ from relay_dev.airflow_api import (
     ADMIN_USER,
     FINAL_RUN_STATES,
     AirflowApi,
+    ApiAnswer,
+    Unanswered,
     admin_password,
     airflow_home,
+    api_health,
     base_url,
+    fetch_token,
+    heartbeat,
     passwords_file,
     trigger_dag_rest,
     wait_dag_run,
@@ -261,14 +266,7 @@ class LocalAirflow:
 
     def api_healthy(self) -> tuple[bool, str]:
         """(healthy, detail) from ``GET /api/v2/monitor/health``: metadatabase, scheduler, dag processor."""
-        try:
-            body = requests.get(f"{base_url(self.config)}/api/v2/monitor/health", timeout=3).json()
-        except (requests.RequestException, ValueError) as exc:
-            return False, f"api-server not answering: {type(exc).__name__}"
-        states = {k: (v or {}).get("status") for k, v in body.items() if isinstance(v, dict)}
-        wanted = ("metadatabase", "scheduler", "dag_processor", "triggerer")
-        ok = all(states.get(k) == "healthy" for k in wanted if k in states) and "scheduler" in states
-        return ok, ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+        return api_health(self.config)
 
     # -- start / stop / status -------------------------------------------------------------------
 
@@ -377,14 +375,19 @@ __all__ = [
     "COMPONENTS",
     "FINAL_RUN_STATES",
     "AirflowApi",
+    "ApiAnswer",
     "LocalAirflow",
+    "Unanswered",
     "admin_password",
     "airflow_bin",
     "airflow_env",
     "airflow_home",
+    "api_health",
     "base_url",
     "connection_env",
     "ensure_airflow_db",
+    "fetch_token",
+    "heartbeat",
     "passwords_file",
     "trigger_dag_rest",
     "wait_dag_run",

@@ -36,14 +36,14 @@ def run_demo(
     progress(f"produced {sent['sent']} messages to {config.topic} (counters {sent['first']}..{sent['last']})")
     if take_inventory(config, ledger).live:
         progress("the pipeline already runs: not deploying again")
-        run = {"state": "skipped (already running)"}
+        state = "skipped (already running)"
     else:
         progress("triggering DAG relay_deploy through Airflow's REST API")
         created = trigger_dag_rest(config, "relay_deploy", {"version": "v1", "wait_seconds": 600})
-        run = wait_dag_run(config, "relay_deploy", created["dag_run_id"], timeout=timeout_s)
-        progress(f"relay_deploy run {created['dag_run_id']}: {run['state']}")
-        if run["state"] != "success":
-            raise OperationError(f"relay_deploy ended {run['state']}: see the task log in the Airflow UI")
+        state = wait_dag_run(config, "relay_deploy", created.dag_run_id, timeout=timeout_s).state.value
+        progress(f"relay_deploy run {created.dag_run_id}: {state}")
+        if state != "success":
+            raise OperationError(f"relay_deploy ended {state}: see the task log in the Airflow UI")
     poll(
         lambda: _caught_up(config, ledger) or None,
         timeout_s,
@@ -62,4 +62,4 @@ def run_demo(
         "relay status | relay audit | relay health | relay stop | make down"
     )
     code = str(config.pipeline_code or DEFAULT_PIPELINE_CODE)
-    return {"produced": sent, "code": code, "deploy_run": run.get("state"), "audit": report.to_json()}
+    return {"produced": sent, "code": code, "deploy_run": state, "audit": report.to_json()}

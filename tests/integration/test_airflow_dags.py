@@ -9,13 +9,12 @@ pytest's own logging stays untouched. The run's state is asserted (``dag.test()`
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 import pytest
+from airflow_client.client import AssetEventResponse, HITLDetail, UpdateHITLDetailPayload
 from relay.config import PROJECT_ROOT, RelayConfig
 from relay.errors import StackError
 from relay.kafka.offsets import KafkaOffsets
@@ -26,7 +25,9 @@ from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
 from relay_dev.airflow_local import (
     AirflowApi,
+    ApiAnswer,
     LocalAirflow,
+    Unanswered,
     airflow_env,
     ensure_airflow_db,
     program_name,
@@ -104,21 +105,21 @@ class RunApi(AirflowApi):
     def task_state(self, dag_id: str, run_id: str, task_id: str) -> str | None:
         """The task's state; None while the api-server does not answer (a busy SQLite metadata DB)."""
         try:
-            ti = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
-        except StackError as exc:
-            if "HTTP 4" in str(exc):
+            ti = self.call(self.task_instances.get_task_instance, dag_id, run_id, task_id)
+        except Unanswered:
+            return None
+        except ApiAnswer as exc:
+            if exc.status < 500:
                 raise
             return None
-        return ti.get("state")
+        return ti.state.value if ti.state else None
 
-    def hitl_detail(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
-        return self._call(
-            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails"
-        )
+    def hitl_detail(self, dag_id: str, run_id: str, task_id: str) -> HITLDetail:
+        return self.call(self.task_instances.get_hitl_detail, dag_id, run_id, task_id, -1)
 
-    def answer(self, dag_id: str, run_id: str, task_id: str, option: str) -> dict[str, Any]:
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails"
-        return self._call("PATCH", path, json={"chosen_options": [option], "params_input": {}})
+    def answer(self, dag_id: str, run_id: str, task_id: str, option: str) -> None:
+        body = UpdateHITLDetailPayload(chosen_options=[option], params_input={})
+        self.call(self.task_instances.update_hitl_detail, dag_id, run_id, task_id, -1, body)
 
     def scheduler_log(self) -> list[str]:
         path = self.config.logs_dir / f"{program_name('scheduler')}.log"
@@ -137,25 +138,16 @@ class RunApi(AirflowApi):
         finished = f"TaskInstance Finished: dag_id={dag_id}, task_id={task_id}, run_id={run_id},"
         return any(finished in line and "state=awaiting_input," in line for line in self.scheduler_log())
 
-    def explain(self, dag_id: str, run_id: str) -> str:
-        """Each task's state and the log of the ones that failed: the message of a failed assertion."""
-        tis = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
-        lines = [f"{ti['task_id']}: {ti['state']}" for ti in tis]
-        for ti in tis:
-            if ti["state"] == "failed":
-                task = f"{ti['task_id']}/logs/{ti['try_number']}"
-                path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task}"
-                content = self._call("GET", path, params={"full_content": True}).get("content")
-                lines.append(json.dumps(content)[-6000:])
+    def explain(self, dag_id: str, run_id: str, limit: int = 6000) -> str:
+        """Each task's state and the log of the failed ones, and the scheduler's errors about the run."""
+        lines = [super().explain(dag_id, run_id, limit)]
         # A task failed by the scheduler (not by itself) is named in the scheduler's log only.
         lines += [line[:600] for line in self.scheduler_log() if run_id in line and "[error" in line]
         return "\n".join(lines)
 
-    def asset_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        found = self._call(
-            "GET", "/api/v2/assets/events", params={"source_dag_id": dag_id, "source_run_id": run_id}
-        )
-        return list(found["asset_events"])
+    def asset_events(self, dag_id: str, run_id: str) -> list[AssetEventResponse]:
+        found = self.call(self.assets.get_asset_events, source_dag_id=dag_id, source_run_id=run_id)
+        return list(found.asset_events)
 
 
 def _ledger_state(ledger: Ledger, pipeline: str) -> tuple:
@@ -196,16 +188,16 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
             return api.task_state(dag_id, run_id, "approve") == "awaiting_input"
 
         # Rejected: the later tasks are skipped, nothing in the ledger or on disk changed.
-        run_id = trigger_dag_rest(config, dag_id, conf)["dag_run_id"]
+        run_id = trigger_dag_rest(config, dag_id, conf).dag_run_id
         wait_for("the approval to be asked", lambda: awaiting_approval(run_id), timeout=300, interval=0.5)
         detail = api.hitl_detail(dag_id, run_id, "approve")
-        assert detail["options"] == ["Approve", "Reject"]
-        assert "**20 record(s) will be declared lost**" in detail["body"], detail["body"]
-        assert f"| 0 | {cursor} | {cursor + 20} |" in detail["body"], detail["body"]
+        assert detail.options == ["Approve", "Reject"]
+        assert "**20 record(s) will be declared lost**" in (detail.body or ""), detail.body
+        assert f"| 0 | {cursor} | {cursor + 20} |" in (detail.body or ""), detail.body
         wait_for("the parked worker's end", lambda: api.park_taken_in(dag_id, run_id, "approve"), timeout=120)
         api.answer(dag_id, run_id, "approve", "Reject")
         rejected = wait_dag_run(config, dag_id, run_id, timeout=300)
-        assert rejected["state"] == "success", api.explain(dag_id, run_id)
+        assert rejected.state.value == "success", api.explain(dag_id, run_id)
         assert [
             api.task_state(dag_id, run_id, t)
             for t in ("approve", "open_recovery", "stop", "verify_none_runs", "execute", "wait_first_commit")
@@ -214,7 +206,7 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
         assert api.asset_events(dag_id, run_id) == []
 
         # Approved: executed; the wait for the new instance's first commit holds no worker.
-        run_id = trigger_dag_rest(config, dag_id, conf)["dag_run_id"]
+        run_id = trigger_dag_rest(config, dag_id, conf).dag_run_id
         wait_for("the approval to be asked", lambda: awaiting_approval(run_id), timeout=300, interval=0.5)
         wait_for("the parked worker's end", lambda: api.park_taken_in(dag_id, run_id, "approve"), timeout=120)
         api.answer(dag_id, run_id, "approve", "Approve")
@@ -227,7 +219,7 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
         wait_for("the first-commit wait to start", deferred_or_over, timeout=300, interval=0.3)
         assert "deferred" in seen, (seen, api.explain(dag_id, run_id))
         approved = wait_dag_run(config, dag_id, run_id, timeout=400)
-        assert approved["state"] == "success", api.explain(dag_id, run_id)
+        assert approved.state.value == "success", api.explain(dag_id, run_id)
         op = ledger.operations(config.pipeline, "recovery", 1)[0]
         assert op["state"] == "EXECUTED"
         lost = [
@@ -237,7 +229,7 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
         ]
         assert lost == [(0, cursor, cursor + 20)]
         events = api.asset_events(dag_id, run_id)
-        assert [(e["uri"], e["source_task_id"], e["extra"]) for e in events] == [
+        assert [(e.uri, e.source_task_id, e.extra) for e in events] == [
             (
                 f"relay://{config.pipeline}/",
                 "audit",
@@ -264,13 +256,13 @@ def test_local_airflow_runs_relay_deploy_triggered_through_rest(stack: RelayConf
         with pytest.raises(StackError, match="400"):  # Param validation at trigger time
             trigger_dag_rest(config, "relay_deploy", {"starting": "middle"})
         run = trigger_dag_rest(config, "relay_deploy", {"version": "v1", "wait_seconds": 240})
-        done = wait_dag_run(config, "relay_deploy", run["dag_run_id"], timeout=400)
-        assert done["state"] == "success", done
+        done = wait_dag_run(config, "relay_deploy", run.dag_run_id, timeout=400)
+        assert done.state.value == "success", AirflowApi(config).explain("relay_deploy", run.dag_run_id)
         assert len(master_apps(config, config.pipeline)) == 1
 
         run = trigger_dag_rest(config, "relay_stop", {"timeout_seconds": 60})
-        done = wait_dag_run(config, "relay_stop", run["dag_run_id"], timeout=300)
-        assert done["state"] == "success", done
+        done = wait_dag_run(config, "relay_stop", run.dag_run_id, timeout=300)
+        assert done.state.value == "success", AirflowApi(config).explain("relay_stop", run.dag_run_id)
         assert master_apps(config, config.pipeline) == []
     finally:
         try:

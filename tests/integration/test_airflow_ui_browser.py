@@ -109,32 +109,18 @@ class DemoStack:
     green: int  # ... and the one the upgrade started
 
 
-class RunApi(AirflowApi):
-    def explain(self, dag_id: str, run_id: str) -> str:
-        """Each task's state and the end of the failed ones' logs: the message of a failed assertion."""
-        base = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances"
-        tis = self._call("GET", base)["task_instances"]
-        lines = [f"{ti['task_id']}: {ti['state']}" for ti in tis]
-        for ti in tis:
-            if ti["state"] in ("failed", "up_for_retry"):
-                path = f"{base}/{ti['task_id']}/logs/{ti['try_number']}"
-                lines.append(
-                    str(self._call("GET", path, params={"full_content": True}).get("content"))[-4000:]
-                )
-        return "\n".join(lines)
-
-
 def _run_dag(config: RelayConfig, dag_id: str, conf: dict[str, Any], timeout_s: float) -> tuple[str, str]:
     """Trigger through the REST API (as run_demo triggers relay_deploy); (run id, final state)."""
     t0 = time.monotonic()
-    run_id = str(trigger_dag_rest(config, dag_id, conf)["dag_run_id"])
-    state = str(wait_dag_run(config, dag_id, run_id, timeout=timeout_s)["state"])
+    run_id = trigger_dag_rest(config, dag_id, conf).dag_run_id
+    state = wait_dag_run(config, dag_id, run_id, timeout=timeout_s).state.value
     print(f"{dag_id} run {run_id}: {state} in {time.monotonic() - t0:.0f} s")
     return run_id, state
 
 
 def _succeeded(config: RelayConfig, dag_id: str, run_id: str, state: str) -> None:
-    assert state == "success", f"{dag_id} run {run_id}: {state}\n" + RunApi(config).explain(dag_id, run_id)
+    explained = "" if state == "success" else AirflowApi(config).explain(dag_id, run_id)
+    assert state == "success", f"{dag_id} run {run_id}: {state}\n{explained}"
 
 
 def _next_version(ledger: Ledger, pipeline: str) -> str:
@@ -201,7 +187,7 @@ def demo_stack() -> Iterator[DemoStack]:
         up = stack.up()  # `relay stack up` (relay_dev.cli.cmd_stack): the stack, then Airflow
         started = airflow.start()
         assert started["healthy"], started
-        wait_dags_registered(base_url(config), admin_password(config))
+        wait_dags_registered(config)
         demo = run_demo(config, progress=log.info)  # `relay run-demo`
         assert demo["deploy_run"] == "success" and demo["audit"]["ok"], demo
         assert demo["code"] == str(DEFAULT_PIPELINE_CODE), demo  # make run deploys examples/counter
@@ -229,7 +215,7 @@ def _running_stack() -> RelayConfig:
         )
     if not take_inventory(config, Ledger(config.ledger_url)).live:
         pytest.fail(f"pipeline {config.pipeline} does not run: run `make run` first", pytrace=False)
-    wait_dags_registered(base_url(config), admin_password(config))
+    wait_dags_registered(config)
     return config
 
 

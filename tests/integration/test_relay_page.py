@@ -25,7 +25,14 @@ import pytest
 import requests
 from relay.config import RelayConfig, load_config
 from relay.ledger.engine import create_ledger
-from relay_dev.airflow_local import LocalAirflow, admin_password, airflow_home, base_url
+from relay_dev.airflow_local import (
+    AirflowApi,
+    LocalAirflow,
+    admin_password,
+    airflow_home,
+    base_url,
+    fetch_token,
+)
 
 from tests.airflow_ui import open_relay_page
 from tests.browser import airflow_login, headless_chrome, screenshot, wait_until
@@ -49,11 +56,7 @@ class RelayAirflow:
     story: Story
 
     def token(self) -> str:
-        reply = requests.post(
-            f"{self.url}/auth/token", json={"username": "admin", "password": self.password}, timeout=15
-        )
-        assert reply.status_code in (200, 201), reply.text[:300]
-        return str(reply.json()["access_token"])
+        return fetch_token(self.url, self.password)
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +158,12 @@ def test_page_serves_the_ledger_with_a_real_token(relay_airflow: RelayAirflow) -
     assert upgrade["handoff"] == [{"partition": p, "offset": o} for p, o in sorted(story.handoff.items())]
     assert [(g["start_offset"], g["end_offset"]) for g in timeline["gaps"]] == [g[1:3] for g in story.gaps]
 
-    plugins = _get(f"{url}/api/v2/plugins", headers=auth).json()["plugins"]
-    relay = next(p for p in plugins if p["name"] == "relay")
-    assert relay["external_views"][0]["url_route"] == "relay"
-    assert relay["fastapi_apps"][0]["url_prefix"] == "/relay"
+    # Airflow's own view of the plugin, through its REST API (the routes above are Relay's own).
+    api = AirflowApi(relay_airflow.config)
+    plugins = api.call(api.plugins.get_plugins).plugins
+    relay = next(p for p in plugins if p.name == "relay")
+    assert relay.external_views[0].url_route == "relay"
+    assert relay.fastapi_apps[0].url_prefix == "/relay"
 
 
 # -- the browser -------------------------------------------------------------------------------------

@@ -19,10 +19,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime
 
 import pytest
-import requests
 from relay.audit import audit
 from relay.config import RelayConfig, load_config
 from relay.kafka.producer import produce
@@ -31,7 +29,7 @@ from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.stop import stop
 from relay.spark.launcher import spark_client
-from relay_dev.airflow_local import LocalAirflow, base_url, program_name
+from relay_dev.airflow_local import LocalAirflow, heartbeat, program_name
 from relay_dev.stack import LocalStack, Part, pid_alive
 from relay_dev.supervision import group_pids
 
@@ -117,16 +115,6 @@ def test_a_killed_stack_part_comes_back_by_itself(healing: Healing, part: Part) 
     assert healing.stack.status()["healthy"]
 
 
-def _heartbeat(config: RelayConfig, component: str) -> float | None:
-    """Latest heartbeat (epoch s) of scheduler / dag_processor / triggerer from the health endpoint."""
-    try:
-        body = requests.get(f"{base_url(config)}/api/v2/monitor/health", timeout=3).json()
-    except (requests.RequestException, ValueError):
-        return None
-    beat = (body.get(component) or {}).get(f"latest_{component}_heartbeat")
-    return datetime.fromisoformat(beat).timestamp() if beat else None
-
-
 @pytest.mark.parametrize(
     "component",
     [
@@ -152,7 +140,7 @@ def test_a_killed_airflow_component_comes_back_by_itself(healing: Healing, compo
         healthy = lambda: h.airflow.api_healthy()[0]  # noqa: E731
     else:
         key = component.replace("-", "_")
-        healthy = lambda: (_heartbeat(h.config, key) or 0) > killed_at + 1  # noqa: E731 - the new one's beat
+        healthy = lambda: (heartbeat(h.config, key) or 0) > killed_at + 1  # noqa: E731 - the new one's beat
     old, _new, _seconds = _killed_and_back(h, name, healthy)
     # The workers the killed scheduler left (its group) were stopped before the new one started.
     assert group_pids(old) == [], f"left by the killed {component}: {group_pids(old)}"
@@ -220,7 +208,7 @@ def test_a_killed_supervisord_comes_back_and_restarts_nothing(healing: Healing) 
     )
     wait_for(
         "a scheduler heartbeat after the kill",
-        lambda: (_heartbeat(h.config, "scheduler") or 0) > killed_at + 1,
+        lambda: (heartbeat(h.config, "scheduler") or 0) > killed_at + 1,
         timeout=120,
     )
     assert h.airflow.api_healthy()[0]

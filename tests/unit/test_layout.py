@@ -49,6 +49,20 @@ def test_runtime_library_never_imports_the_developer_tooling() -> None:
     assert users == ["cli/parser.py"]  # the optional registration of the developer subcommands, nothing else
 
 
+def test_nothing_that_runs_in_production_imports_the_rest_client() -> None:
+    """``apache-airflow-client`` drives Airflow's REST API for the dev tooling and the tests only: the
+    runtime, the DAGs and the plugin never need it (the runtime's health check reads
+    ``/api/v2/monitor/health`` with requests, see ``relay.health.checks_airflow``)."""
+    roots = (RUNTIME, PROJECT_ROOT / "dags", PROJECT_ROOT / "plugins")
+    users = sorted(
+        str(p.relative_to(PROJECT_ROOT))
+        for root in roots
+        for p in root.rglob("*.py")
+        if "airflow_client" in _any_level_imports(p)
+    )
+    assert users == []
+
+
 def test_the_library_is_grouped_by_concept() -> None:
     """One folder per concept (issue #16); flat beside them only what every concept shares."""
     flat = sorted(p.name for p in RUNTIME.glob("*.py"))

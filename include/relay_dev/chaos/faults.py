@@ -15,12 +15,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
 
 from relay.config import RelayConfig
 from relay.errors import RelayError
 
+from relay_dev.airflow_api import heartbeat
 from relay_dev.airflow_local import LocalAirflow
 from relay_dev.chaos import procs, targets
 from relay_dev.chaos.parts import StackParts
@@ -224,16 +224,7 @@ class Injector:
 
         Not the API's ``healthy``: it stays healthy for a while on the dead scheduler's last beat.
         """
-        import requests
-
-        from relay_dev.airflow_local import base_url
-
-        try:
-            body = requests.get(f"{base_url(self.config)}/api/v2/monitor/health", timeout=3).json()
-            beat = (body.get("scheduler") or {}).get("latest_scheduler_heartbeat")
-            return datetime.fromisoformat(beat).timestamp() if beat else None
-        except (requests.RequestException, ValueError, AttributeError):
-            return None
+        return heartbeat(self.config, "scheduler")
 
     def _ledger_lock(self, event: FaultEvent) -> None:
         """Hold the ledger's write lock the way a stuck writer would, then let go."""
