@@ -104,3 +104,11 @@ def test_job_artifact_carries_no_developer_tooling(tmp_path: Path) -> None:
     names = zipfile.ZipFile(art.folder / "relay_job.zip").namelist()
     assert "relay/ledger/store.py" in names and "kafka_source.py" in names
     assert [n for n in names if n.startswith("relay_dev") or "/stack" in n or "chaos" in n] == []
+
+
+def test_the_plugins_folder_is_the_provider_package_only() -> None:
+    """What the embedded Airflow loads from ``plugins/`` is what the provider's wheel ships
+    (``pyproject.toml`` packages ``relay_airflow``): a module beside it would work in the dev stack
+    and be missing from every installed Airflow."""
+    entries = sorted(p.name for p in (PROJECT_ROOT / "plugins").iterdir() if p.name != "__pycache__")
+    assert entries == ["relay_airflow"]
