@@ -27,7 +27,20 @@ from relay.errors import ConfigError
 if TYPE_CHECKING:
     from relay.pipeline.pipelines_file import PipelinesFile
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+def project_root(env: Mapping[str, str] | None = None) -> Path:
+    """The Relay checkout holding ``spark_jobs/``, ``examples/`` and ``dags/``: ``RELAY_PROJECT_ROOT``,
+    else the checkout this file is in (``include/relay/config``).
+
+    Why the variable: installed from the provider's wheel (docs/deploy.md), this file lives in
+    site-packages, three levels under no checkout; the deployment names the checkout its DAGs come
+    from, where submissions find the drivers and the default data dir is ``var/``.
+    """
+    raw = (os.environ if env is None else env).get("RELAY_PROJECT_ROOT", "").strip()
+    return Path(raw).resolve() if raw else Path(__file__).resolve().parents[3]
+
+
+PROJECT_ROOT = project_root()
 MIN_KEEP_VERSIONS = 2  # the running version and the one a rollback returns to
 ARTIFACT_STORES = ("local", "ledger")
 
