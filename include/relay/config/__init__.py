@@ -195,6 +195,9 @@ class RelayConfig:
     worker_spark_dir: Path | None = None
     """With the ledger store: Spark scratch for drivers and executors, a path valid on every worker
     (None: each worker's own settings decide)."""
+    spark_python: str | None = None
+    """The Python the drivers and executors run on the workers (pyspark installed); None: the
+    submitter's own interpreter (the embedded stack, or Relay's venv at the same path everywhere)."""
     limits_from_env: tuple[str, ...] = ()
     """Which of ``max_offsets_per_trigger`` / ``trigger_seconds`` the environment set
     (``RELAY_MAX_OFFSETS_PER_TRIGGER`` / ``RELAY_TRIGGER_SECONDS``)."""
@@ -362,6 +365,7 @@ def _from_env(env: Mapping[str, str]) -> RelayConfig:
         artifact_store=env.get("RELAY_ARTIFACT_STORE") or "local",
         checkpoint_root=checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
         worker_spark_dir=_path(env, "RELAY_WORKER_SPARK_DIR"),
+        spark_python=env.get("RELAY_SPARK_PYTHON", "").strip() or None,  # not resolved: a venv's link
         limits_from_env=tuple(n for n in operator_set if env.get(BATCH_LIMIT_VARIABLES[n])),
     )
 
