@@ -5,7 +5,7 @@ its own AIRFLOW_HOME, the DAGs folder pointed at the repository's dags/.
 As docs/deploy.md ("Install into your Airflow") tells a user: the provider is listed, its connection
 types are offered, the connections are created through the CLI with the form's field names, every DAG
 parses, and relay_health runs against the embedded stack (its report in the ledger, written by that
-Airflow's task): ~45 s beside the session's stack. The slow test (~3 min) has that Airflow's
+Airflow's task): ~45 s beside the session's stack. The slow test (~2 min) has that Airflow's
 relay_deploy start a pipeline, which relay_health then finds running.
 """
 
