@@ -4,6 +4,7 @@ tooling, and a job artifact carries only the runtime."""
 from __future__ import annotations
 
 import ast
+import sys
 import zipfile
 from pathlib import Path
 
@@ -112,3 +113,13 @@ def test_the_plugins_folder_is_the_provider_package_only() -> None:
     and be missing from every installed Airflow."""
     entries = sorted(p.name for p in (PROJECT_ROOT / "plugins").iterdir() if p.name != "__pycache__")
     assert entries == ["relay_airflow"]
+
+
+def test_the_dags_import_only_what_an_installed_provider_brings() -> None:
+    """The DAG files run in any Airflow with the provider installed (docs/deploy.md): Airflow, the
+    two packages of the wheel and the standard library, never the developer tooling."""
+    allowed = {"airflow", "relay", "relay_airflow"} | set(sys.stdlib_module_names)
+    offenders = {
+        p.name: sorted(_any_level_imports(p) - allowed) for p in (PROJECT_ROOT / "dags").glob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
