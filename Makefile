@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RELAY := $(VENV)/bin/relay
 
-.PHONY: setup run test test-long test-hosts browser-check lint lock bench chaos down model
+.PHONY: setup run test test-long test-hosts browser-check lint lock bench chaos down model provider
 
 setup:
 	bash scripts/setup.sh
@@ -42,6 +42,11 @@ model: setup
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# The provider's wheel (relay + relay_airflow, no relay_dev) for an existing Airflow, into var/dist/
+# (docs/deploy.md, "Install into your Airflow").
+provider:
+	bash scripts/build_provider.sh var/dist
 
 lock:
 	uv pip compile requirements.in -o requirements.txt --python-version 3.11

@@ -47,6 +47,7 @@ def test_every_setting_of_a_cluster_client_survives_the_trip(tmp_path: Path) -> 
         artifact_store="ledger",
         checkpoint_root=tmp_path / "shared store" / "checkpoints%20",
         worker_spark_dir=tmp_path / "local" / "spark",
+        spark_python="/opt/relay-venv/bin/python",  # a venv's link: kept as written, never resolved
     )
     assert rebuilt(config) == config
     env = config_env(config)
@@ -63,6 +64,7 @@ def test_defaults_survive_and_optional_settings_stay_unset(tmp_path: Path) -> No
         "RELAY_WORKER_SPARK_DIR",
         "RELAY_PIPELINE_CODE",
         "RELAY_PIPELINES_FILE",
+        "RELAY_SPARK_PYTHON",
     ):
         assert name not in env
     assert env["RELAY_ARTIFACT_STORE"] == "local"
@@ -110,3 +112,12 @@ def test_every_number_is_finite_and_bounded(tmp_path: Path, name: str, value: st
     """Issue #34: RELAY_TRIGGER_SECONDS=1e309 passed the check and reached PostgreSQL's JSON as Infinity."""
     with pytest.raises(ConfigError, match=name):
         load_config({"RELAY_DATA_DIR": str(tmp_path), name: value})
+
+
+def test_the_checkout_is_this_one_unless_the_deployment_names_another(tmp_path: Path) -> None:
+    """Installed from the provider's wheel, ``relay`` lives in site-packages: RELAY_PROJECT_ROOT
+    names the checkout whose spark_jobs/ and examples/ submissions use."""
+    from relay.config import PROJECT_ROOT, project_root
+
+    assert (PROJECT_ROOT / "spark_jobs").is_dir() and project_root({}) == PROJECT_ROOT
+    assert project_root({"RELAY_PROJECT_ROOT": str(tmp_path)}) == tmp_path.resolve()

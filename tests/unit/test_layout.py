@@ -4,6 +4,7 @@ tooling, and a job artifact carries only the runtime."""
 from __future__ import annotations
 
 import ast
+import sys
 import zipfile
 from pathlib import Path
 
@@ -118,3 +119,21 @@ def test_job_artifact_carries_no_developer_tooling(tmp_path: Path) -> None:
     names = zipfile.ZipFile(art.folder / "relay_job.zip").namelist()
     assert "relay/ledger/store.py" in names and "kafka_source.py" in names
     assert [n for n in names if n.startswith("relay_dev") or "/stack" in n or "chaos" in n] == []
+
+
+def test_the_plugins_folder_is_the_provider_package_only() -> None:
+    """What the embedded Airflow loads from ``plugins/`` is what the provider's wheel ships
+    (``pyproject.toml`` packages ``relay_airflow``): a module beside it would work in the dev stack
+    and be missing from every installed Airflow."""
+    entries = sorted(p.name for p in (PROJECT_ROOT / "plugins").iterdir() if p.name != "__pycache__")
+    assert entries == ["relay_airflow"]
+
+
+def test_the_dags_import_only_what_an_installed_provider_brings() -> None:
+    """The DAG files run in any Airflow with the provider installed (docs/deploy.md): Airflow, the
+    two packages of the wheel and the standard library, never the developer tooling."""
+    allowed = {"airflow", "relay", "relay_airflow"} | set(sys.stdlib_module_names)
+    offenders = {
+        p.name: sorted(_any_level_imports(p) - allowed) for p in (PROJECT_ROOT / "dags").glob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -21,6 +21,7 @@ from relay.config.addresses import (
     Ports,
     StackSettings,
     checkpoint_root,
+    project_root,
     stack_from_env,
 )
 from relay.config.pipeline_settings import (
@@ -58,6 +59,7 @@ __all__ = [
     "load_config",
     "named_limits",
     "pipeline_names",
+    "project_root",
     "standby_mode",
 ]
 

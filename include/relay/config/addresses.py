@@ -7,6 +7,7 @@ and every pipeline declared on it sees the same values.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,20 @@ from relay.config.bounds import MAX_CORES, MAX_PORT
 from relay.config.variables import env_int, env_path
 from relay.errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+def project_root(env: Mapping[str, str] | None = None) -> Path:
+    """The Relay checkout holding ``spark_jobs/``, ``examples/`` and ``dags/``: ``RELAY_PROJECT_ROOT``,
+    else the checkout this file is in (``include/relay/config``).
+
+    Why the variable: installed from the provider's wheel (docs/deploy.md), this file lives in
+    site-packages, three levels under no checkout; the deployment names the checkout its DAGs come
+    from, where submissions find the drivers and the default data dir is ``var/``.
+    """
+    raw = (os.environ if env is None else env).get("RELAY_PROJECT_ROOT", "").strip()
+    return Path(raw).resolve() if raw else Path(__file__).resolve().parents[3]
+
+
+PROJECT_ROOT = project_root()
 ARTIFACT_STORES = ("local", "ledger")
 
 
@@ -67,6 +81,9 @@ class StackSettings:
     worker_spark_dir: Path | None = None
     """With the ledger store: Spark scratch for drivers and executors, a path valid on every worker
     (None: each worker's own settings decide)."""
+    spark_python: str | None = None
+    """The Python the drivers and executors run on the workers (pyspark installed); None: the
+    submitter's own interpreter (the embedded stack, or Relay's venv at the same path everywhere)."""
 
     def check_stack(self) -> None:
         """Fill the ledger's default (a SQLite file in the data dir) and refuse what can't work."""
@@ -144,6 +161,7 @@ def stack_from_env(env: Mapping[str, str]) -> dict[str, object]:
         "artifact_store": env.get("RELAY_ARTIFACT_STORE") or "local",
         "checkpoint_root": checkpoint_root(env.get("RELAY_CHECKPOINT_ROOT")),
         "worker_spark_dir": env_path(env, "RELAY_WORKER_SPARK_DIR"),
+        "spark_python": env.get("RELAY_SPARK_PYTHON", "").strip() or None,  # not resolved: a venv's link
     }
 
 

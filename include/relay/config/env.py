@@ -52,6 +52,8 @@ def config_env(config: RelayConfig) -> dict[str, str]:
         env["RELAY_CHECKPOINT_ROOT"] = config.checkpoint_root.as_uri()
     if config.worker_spark_dir is not None:
         env["RELAY_WORKER_SPARK_DIR"] = str(config.worker_spark_dir)
+    if config.spark_python is not None:
+        env["RELAY_SPARK_PYTHON"] = config.spark_python
     if config.pipelines_file is not None:
         # The DAGs' pipeline choices and each task's pipeline come from the same file, which also
         # names each pipeline's code: a RELAY_PIPELINE_CODE here would be one pipeline's, stale for

@@ -31,7 +31,7 @@ def driver_properties(
     spark_dir = config.spark_dir
     for d in (spark_dir / "local", spark_dir / "sock", spark_dir / "tmp"):
         d.mkdir(parents=True, exist_ok=True)
-    python = sys.executable
+    python = config.spark_python or sys.executable
     pythonpath = os.pathsep.join([str(PROJECT_ROOT / "include"), str(PROJECT_ROOT)])
     props = {
         "spark.master": config.spark_master_url,

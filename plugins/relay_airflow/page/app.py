@@ -95,7 +95,7 @@ def _json(body: dict[str, Any]) -> JSONResponse:
 
 
 def create_app() -> FastAPI:
-    """The app Airflow mounts (see ``relay_plugin.RelayPlugin.fastapi_apps``)."""
+    """The app Airflow mounts (see ``relay_airflow.plugin.RelayPlugin.fastapi_apps``)."""
     app = FastAPI(title="Relay", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(HTTPException)

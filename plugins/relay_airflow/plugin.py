@@ -1,7 +1,9 @@
 """Relay's AirflowPlugin: the Relay page (a FastAPI app under /relay and its entry in the UI's nav).
 
 Hooks, operators and sensors are plain importable modules in ``relay_airflow`` (Airflow 3 no longer
-registers them through plugins); connection types are only a naming convention here.
+registers them through plugins). Installed as a package, Airflow finds this class through the
+``airflow.plugins`` entry point and the connection types through the provider's
+``get_provider_info``; the embedded stack loads it from its plugins folder (``plugins/``).
 
 The page is an ``external_view`` with a ``url_route``: Airflow's UI shows it in its own frame at
 ``/plugin/relay``, as a top-level nav entry, and the frame loads ``/relay/`` from the same origin, so the
@@ -11,6 +13,7 @@ UI's ``_token`` cookie reaches the page's own authentication (see ``relay_airflo
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
 from relay_airflow.page.app import URL_PREFIX, app
 
 
