@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from relay.errors import OperationError
+from relay.polling import poll
 
 from .pipeline_backlog import TABLE, newest_rows
 
@@ -279,16 +280,24 @@ class Processes:
         self.started_at: float | None = None
 
     def _get(self, q: Any, what: str) -> Any:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                kind, body = q.get(timeout=1.0)
-                break
-            except queue.Empty:
-                dead = [p.name for p in self.procs if p.exitcode not in (None, 0)]
-                if dead or time.monotonic() > deadline:
-                    why = f"{', '.join(dead)} died" if dead else f"nothing after {self.timeout_s:.0f}s"
-                    raise OperationError(f"baseline processes: no {what}: {why}") from None
+
+        def message() -> tuple[str, Any]:
+            dead = [p.name for p in self.procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise OperationError(f"baseline processes: no {what}: {', '.join(dead)} died")
+            return q.get(timeout=1.0)  # queue.Empty: look again
+
+        got = poll(
+            message,
+            self.timeout_s,
+            0.0,
+            transient=(queue.Empty,),
+            on_timeout=lambda: OperationError(
+                f"baseline processes: no {what}: nothing after {self.timeout_s:.0f}s"
+            ),
+        )
+        assert got is not None
+        kind, body = got
         if kind == "error":
             raise OperationError(f"baseline process failed: {body}")
         return body

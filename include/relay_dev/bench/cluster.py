@@ -11,6 +11,7 @@ from pathlib import Path
 
 from relay.config import RelayConfig, load_config
 from relay.errors import OperationError
+from relay.polling import poll
 
 from .options import BenchOptions, Progress
 
@@ -70,19 +71,23 @@ def latest_offsets(config: RelayConfig) -> dict[int, int]:
 def wait_caught_up(config: RelayConfig, progress: Progress, timeout_s: float, what: str) -> float:
     """Wait until every cursor reached the latest offsets; return the seconds waited."""
     t0 = time.monotonic()
-    last = t0
-    while True:
-        latest = latest_offsets(config)
-        cur = cursors(config)
-        if latest and all(cur.get(p, -1) >= off for p, off in latest.items()):
-            return time.monotonic() - t0
-        now = time.monotonic()
-        if now - t0 > timeout_s:
-            raise OperationError(
-                f"{what}: not caught up after {timeout_s:.0f}s (cursors {cur}, latest {latest})"
-            )
-        if now - last >= 10:
-            done, total = sum(cur.values()), sum(latest.values())
-            progress(f"{what}: {done:,}/{total:,} offsets applied ({now - t0:.0f}s)")
-            last = now
-        time.sleep(0.5)
+    seen: dict[str, dict[int, int]] = {"cur": {}, "latest": {}}
+
+    def caught_up() -> bool | None:
+        seen["latest"], seen["cur"] = latest_offsets(config), cursors(config)
+        latest, cur = seen["latest"], seen["cur"]
+        return True if latest and all(cur.get(p, -1) >= off for p, off in latest.items()) else None
+
+    def note(waited: float) -> None:
+        done, total = sum(seen["cur"].values()), sum(seen["latest"].values())
+        progress(f"{what}: {done:,}/{total:,} offsets applied ({waited:.0f}s)")
+
+    poll(
+        caught_up,
+        timeout_s,
+        note=note,
+        on_timeout=lambda: OperationError(
+            f"{what}: not caught up after {timeout_s:.0f}s (cursors {seen['cur']}, latest {seen['latest']})"
+        ),
+    )
+    return time.monotonic() - t0

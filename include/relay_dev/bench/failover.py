@@ -19,6 +19,7 @@ from typing import Any
 
 from relay.config import RelayConfig
 from relay.errors import OperationError, RelayError
+from relay.polling import poll
 
 from relay_dev.chaos.procs import read_proc
 
@@ -118,8 +119,7 @@ def _first_commit_after(cfg: RelayConfig, ledger: Any, t: float) -> float:
     from relay.ledger import schema as s
     from sqlalchemy import select
 
-    deadline = time.monotonic() + RECOVERED_S
-    while time.monotonic() < deadline:
+    def first_commit() -> float | None:
         with ledger.tx() as conn:
             rows = conn.execute(
                 select(s.batches.c.committed_at, s.batches.c.ranges)
@@ -127,10 +127,16 @@ def _first_commit_after(cfg: RelayConfig, ledger: Any, t: float) -> float:
                 .order_by(s.batches.c.committed_at)
             ).all()
         moved = [float(r[0]) for r in rows if r[1]]
-        if moved:
-            return moved[0]
-        time.sleep(0.2)
-    raise OperationError(f"no commit within {RECOVERED_S:.0f}s of the fault at {t:.1f}")
+        return moved[0] if moved else None
+
+    at = poll(
+        first_commit,
+        RECOVERED_S,
+        0.2,
+        on_timeout=lambda: OperationError(f"no commit within {RECOVERED_S:.0f}s of the fault at {t:.1f}"),
+    )
+    assert at is not None
+    return at
 
 
 def _ready_standby(cfg: RelayConfig, ledger: Any, say: Any, timeout_s: float = 300.0) -> int:
@@ -138,18 +144,21 @@ def _ready_standby(cfg: RelayConfig, ledger: Any, say: Any, timeout_s: float = 3
 
     t0 = time.monotonic()
     ensure_standby(cfg, ledger, progress=say)
-    deadline = t0 + timeout_s
-    while time.monotonic() < deadline:
-        ready = [
+
+    def ready() -> int | None:
+        found = [
             i.id
             for i in hot_standbys(ledger.instances(cfg.pipeline, live_only=True))
             if i.state.value == "READY"
         ]
-        if ready:
-            say(f"failover: hot standby instance {ready[0]} READY after {time.monotonic() - t0:.0f}s")
-            return ready[0]
-        time.sleep(0.5)
-    raise OperationError(f"no READY hot standby within {timeout_s:.0f}s")
+        return found[0] if found else None
+
+    standby = poll(
+        ready, timeout_s, on_timeout=lambda: OperationError(f"no READY hot standby within {timeout_s:.0f}s")
+    )
+    assert standby is not None
+    say(f"failover: hot standby instance {standby} READY after {time.monotonic() - t0:.0f}s")
+    return standby
 
 
 def _active(cfg: RelayConfig, ledger: Any) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from relay.errors import OperationError, RelayError
+from relay.polling import poll
 
 from .baselines import Processes
 from .cluster import wait_caught_up
@@ -159,9 +160,8 @@ def measure(bootstrap: str, topic: str, url: str, seconds: float, progress: Any,
         if producer.is_alive():
             producer.stop_event.set()
             producer.join(30)
-        deadline = time.monotonic() + DRAIN_S
-        while len(poller.seen) < producer.sent and time.monotonic() < deadline and poller.is_alive():
-            time.sleep(0.1)
+        drained = lambda: None if len(poller.seen) < producer.sent and poller.is_alive() else True  # noqa: E731
+        poll(drained, DRAIN_S, 0.1)  # the last rows, or what arrived by then (counted as unseen)
     finally:
         poller.stop_event.set()
         poller.join(30)

@@ -126,10 +126,11 @@ def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes
     )
     t0 = time.monotonic()
     for key, value in records:
-        while True:
+        queued = False
+        while not queued:  # librdkafka's queue is full: serve delivery reports until there is room
             try:
                 producer.produce(topic, value=value, key=key)
-                break
+                queued = True
             except BufferError:
                 producer.poll(0.05)
     left = producer.flush(300)

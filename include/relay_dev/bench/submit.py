@@ -69,15 +69,21 @@ def end_driver(
     config: RelayConfig, driver_id: str, timeout_s: float = DRIVER_END_TIMEOUT_S
 ) -> dict[str, Any]:
     """Wait for the driver to end; kill it by its id when it has not (never left running)."""
+    from relay.polling import poll
     from relay.spark.launcher import spark_client
     from relay.spark.rest import DriverState
 
     client = spark_client(config)
     t0 = time.monotonic()
-    state = client.driver_status(driver_id)
-    while not state.is_final and time.monotonic() - t0 < timeout_s:
-        time.sleep(0.5)
-        state = client.driver_status(driver_id)
+    last = [client.driver_status(driver_id)]
+
+    def ended() -> bool | None:
+        last[0] = client.driver_status(driver_id)
+        return True if last[0].is_final else None
+
+    if not last[0].is_final:
+        poll(ended, timeout_s)
+    state = last[0]
     killed = False
     if not state.is_final:
         killed = client.kill(driver_id)
