@@ -12,7 +12,8 @@ from relay.config import RelayConfig
 from relay.errors import KafkaError, RelayError
 from relay.health.checks_airflow import airflow_status, check_airflow
 from relay.health.checks_batches import check_dead_letters, check_latency
-from relay.health.checks_instance import check_driver, check_single_instance
+from relay.health.checks_driver import check_driver
+from relay.health.checks_instance import check_single_instance
 from relay.health.checks_kafka import check_identity, check_lag, check_retention
 from relay.health.checks_progress import check_progress, cursor_moves, earliest_rates, produce_rates
 from relay.health.checks_standby import check_standby
