@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from relay.config import RelayConfig
 from relay.errors import KafkaError, RelayError
@@ -101,34 +102,54 @@ def run_health(
     checks, run_state = _instance_checks(config, ledger, v, th)
     checks += _standby_checks(config, ledger, v, heal)
     checks += _kafka_checks(config, ledger, v, th, run_state, retention_ms)
-    checks.append(
-        _guard(
-            "latency",
-            lambda: check_latency(
-                v.batches,
-                config.trigger_seconds,
-                now,
-                th.window_s,
-                th.latency_critical_factor,
-                lag=_total_lag(v.offsets),
-                fixed_size=config.max_offsets_per_trigger,
-            ),
-        )
-    )
-    if airflow_url is None and config.airflow_supervised:
-        airflow_url = config.airflow_url
-    if airflow_url is not None:
-        checks.append(check_airflow(airflow_url, *airflow_status(airflow_url)))
+    checks.append(_latency_check(config, v, th))
+    checks += _airflow_checks(config, airflow_url)
     dead_count = ledger.dead_letter_count(config.pipeline)
     last_report = v.previous[0] if v.previous else None
     checks.append(_guard("dead_letters", lambda: check_dead_letters(dead_count, last_report)))
+    report = HealthReport(
+        config.pipeline, now, _status(checks, run_state), checks, _report_data(v, run_state, dead_count)
+    )
+    if persist:
+        _persist(ledger, report)
+    return report
 
-    down = run_state is RunState.DOWN
+
+def _latency_check(config: RelayConfig, v: Views, th: Thresholds) -> Check:
+    """Batch latency against the trigger, told how far behind the pipeline is (catching up is slow)."""
+    return _guard(
+        "latency",
+        lambda: check_latency(
+            v.batches,
+            config.trigger_seconds,
+            v.now,
+            th.window_s,
+            th.latency_critical_factor,
+            lag=_total_lag(v.offsets),
+            fixed_size=config.max_offsets_per_trigger,
+        ),
+    )
+
+
+def _airflow_checks(config: RelayConfig, airflow_url: str | None) -> list[Check]:
+    """Airflow at ``airflow_url``, else the embedded stack's when its supervisor runs it; none otherwise."""
+    if airflow_url is None and config.airflow_supervised:
+        airflow_url = config.airflow_url
+    if airflow_url is None:
+        return []
+    return [check_airflow(airflow_url, *airflow_status(airflow_url))]
+
+
+def _status(checks: list[Check], run_state: RunState) -> Level:
+    """The worst finding; a job that is DOWN is at least WARN even when every finding is OK."""
     status = Level.worst([c.level for c in checks])
-    if down and status is Level.OK:
-        status = Level.WARN
-    data = {
-        "down": down,
+    return Level.WARN if run_state is RunState.DOWN and status is Level.OK else status
+
+
+def _report_data(v: Views, run_state: RunState, dead_count: int) -> dict[str, Any]:
+    """The report's own details: what runs, and the Kafka view the checks were judged on."""
+    return {
+        "down": run_state is RunState.DOWN,
         "run_state": run_state.value,
         "dead_letters": dead_count,
         "offsets": v.offsets,
@@ -136,10 +157,6 @@ def run_health(
         "cursor_timestamps": v.timestamps or {},
         "timestamps_error": v.timestamps_error,
     }
-    report = HealthReport(config.pipeline, now, status, checks, data)
-    if persist:
-        _persist(ledger, report)
-    return report
 
 
 def _standby_checks(config: RelayConfig, ledger: Ledger, v: Views, heal: bool) -> list[Check]:
@@ -218,71 +235,102 @@ def _kafka_checks(
     retention_ms: int | None,
 ) -> list[Check]:
     """Progress, lag, topic identity and retention; or why Kafka could not be evaluated."""
-    if v.missing_topic:
-        return [_missing_topic(config, v.kafka_error or "", deployed=bool(v.instances))]
-    if v.kafka_error:
-        return [
-            Check(
-                "kafka",
-                Level.CRITICAL,
-                f"Kafka unreachable: {v.kafka_error}; progress, lag and "
-                "retention were not evaluated (the job cannot read either)",
-                {"error": v.kafka_error},
-                f"check the broker at {config.kafka_bootstrap}",
-            )
-        ]
-    now, offsets, waiting, topic = v.now, v.offsets, v.waiting, config.topic
-    checks = [
-        _guard(
-            "progress",
-            lambda: check_progress(
-                offsets, v.batches, v.samples, run_state, now, th.window_s, v.active_since, topic, waiting
-            ),
-        ),
-        _stopped_lag(offsets)
-        if run_state is RunState.STOPPED
-        else _guard(
-            "lag",
-            lambda: check_lag(
-                offsets,
-                v.batches,
-                now,
-                th.window_s,
-                th.lag_warn_records,
-                th.lag_warn_seconds,
-                topic,
-                waiting,
-                config.trigger_seconds,
-            ),
-        ),
-    ]
+    unavailable = _kafka_unavailable(config, v)
+    if unavailable is not None:
+        return [unavailable]
+    checks = [_progress_check(config, v, th, run_state), _lag_check(config, v, th, run_state)]
     config_error = None
     if v.live_kafka:
         checks.append(
-            _guard("topic_identity", lambda: check_identity(identity_changes(config, ledger), topic))
+            _guard("topic_identity", lambda: check_identity(identity_changes(config, ledger), config.topic))
         )
         if retention_ms is None:
-            try:
-                retention_ms = retention_ms_of(config)
-            except KafkaError as exc:
-                config_error = str(exc)
-    consume = {p: n / th.window_s for p, n in cursor_moves(v.batches, topic, now - th.window_s).items()}
-    checks.append(
-        _guard(
-            "retention",
-            lambda: check_retention(
-                offsets,
-                retention_ms,
-                produce_rates(offsets, v.samples, now),
-                earliest_rates(offsets, v.samples, now),
-                consume,
-                th.interval_s,
-                config_error,
-                waiting,
-            ),
-        )
-    )
+            retention_ms, config_error = _retention_ms(config)
+    checks.append(_retention_check(config, v, th, retention_ms, config_error))
     return checks
+
+
+def _kafka_unavailable(config: RelayConfig, v: Views) -> Check | None:
+    """The one Kafka finding when its view could not be read (a missing topic, a broker down)."""
+    if v.missing_topic:
+        return _missing_topic(config, v.kafka_error or "", deployed=bool(v.instances))
+    if not v.kafka_error:
+        return None
+    return Check(
+        "kafka",
+        Level.CRITICAL,
+        f"Kafka unreachable: {v.kafka_error}; progress, lag and "
+        "retention were not evaluated (the job cannot read either)",
+        {"error": v.kafka_error},
+        f"check the broker at {config.kafka_bootstrap}",
+    )
+
+
+def _progress_check(config: RelayConfig, v: Views, th: Thresholds, run_state: RunState) -> Check:
+    """Burrow's rules over the window, judged with what runs."""
+    return _guard(
+        "progress",
+        lambda: check_progress(
+            v.offsets,
+            v.batches,
+            v.samples,
+            run_state,
+            v.now,
+            th.window_s,
+            v.active_since,
+            config.topic,
+            v.waiting,
+        ),
+    )
+
+
+def _lag_check(config: RelayConfig, v: Views, th: Thresholds, run_state: RunState) -> Check:
+    """The lag, never paged for a pipeline stopped on purpose."""
+    if run_state is RunState.STOPPED:
+        return _stopped_lag(v.offsets)
+    return _guard(
+        "lag",
+        lambda: check_lag(
+            v.offsets,
+            v.batches,
+            v.now,
+            th.window_s,
+            th.lag_warn_records,
+            th.lag_warn_seconds,
+            config.topic,
+            v.waiting,
+            config.trigger_seconds,
+        ),
+    )
+
+
+def _retention_ms(config: RelayConfig) -> tuple[int | None, str | None]:
+    """(the topic's retention.ms, why it could not be read)."""
+    try:
+        return retention_ms_of(config), None
+    except KafkaError as exc:
+        return None, str(exc)
+
+
+def _retention_check(
+    config: RelayConfig, v: Views, th: Thresholds, retention_ms: int | None, config_error: str | None
+) -> Check:
+    """The retention margin, with the rates from the history of reports and batches."""
+    now, topic = v.now, config.topic
+    consume = {p: n / th.window_s for p, n in cursor_moves(v.batches, topic, now - th.window_s).items()}
+    return _guard(
+        "retention",
+        lambda: check_retention(
+            v.offsets,
+            retention_ms,
+            produce_rates(v.offsets, v.samples, now),
+            earliest_rates(v.offsets, v.samples, now),
+            consume,
+            th.interval_s,
+            config_error,
+            v.waiting,
+        ),
+    )
 
 
 def _persist(ledger: Ledger, report: HealthReport) -> None:
