@@ -14,8 +14,9 @@ each filed by what the ledger says of it), ``checks_instance`` (single instance,
 ``checks_driver`` (restarts, crash loops, failures), ``checks_progress`` (Burrow's rules, rates),
 ``checks_kafka`` (lag, retention, topic identity), ``checks_batches`` (latency, dead letters),
 ``checks_airflow``, ``checks_standby``, ``views`` (both views gathered once), ``run`` (``run_health``:
-the checks in order, the report). Every function stays under 60 lines (tests/unit/test_health_size.py):
-one small function per finding or situation, its inputs gathered before it judges.
+the checks in order, the report), ``run_kafka`` (its Kafka side). Every function is at most 60 lines
+(tests/unit/test_health_size.py): one small function per finding or situation, its inputs gathered
+before it judges.
 """
 
 from relay.health.apps import instance_of_app
