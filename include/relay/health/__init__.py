@@ -9,20 +9,20 @@ pure function over plain inputs, so the rules are unit-tested on real ledgers wi
 Progress follows Burrow's consumer-lag evaluation rules (OK, WARN, STALL, STOP, ERR) over a sliding
 window of the cursor history (the ``batches`` table) and the lag history (previous health reports).
 
-Modules: ``report`` (levels, Check, HealthReport, Thresholds), ``checks_instance`` (single instance,
-stopped on purpose, driver), ``checks_progress`` (Burrow's rules, rates), ``checks_kafka`` (lag,
-retention, topic identity), ``checks_batches`` (latency, dead letters), ``checks_airflow``,
-``views`` (both views gathered once), ``run`` (``run_health``: the checks in order, the report).
+Modules: ``report`` (levels, Check, HealthReport, Thresholds), ``apps`` (the master's applications,
+each filed by what the ledger says of it), ``checks_instance`` (single instance, stopped on purpose),
+``checks_driver`` (restarts, crash loops, failures), ``checks_progress`` (Burrow's rules, rates),
+``checks_kafka`` (lag, retention, topic identity), ``checks_batches`` (latency, dead letters),
+``checks_airflow``, ``checks_standby``, ``views`` (both views gathered once), ``run`` (``run_health``:
+the checks in order, the report), ``run_kafka`` (its Kafka side). Every function is at most 60 lines
+(tests/unit/test_health_size.py): one small function per finding or situation, its inputs gathered
+before it judges.
 """
 
+from relay.health.apps import instance_of_app
 from relay.health.checks_batches import check_dead_letters, check_latency
-from relay.health.checks_instance import (
-    check_driver,
-    check_single_instance,
-    instance_of_app,
-    is_upgrade,
-    live_attempts,
-)
+from relay.health.checks_driver import check_driver
+from relay.health.checks_instance import check_single_instance, is_upgrade, live_attempts
 from relay.health.checks_kafka import check_lag, check_retention
 from relay.health.checks_progress import (
     check_progress,

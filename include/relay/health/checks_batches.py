@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from relay.config import ADAPTIVE_BATCH_S
 from relay.health.report import Check, Level, fmt_s, pct
@@ -10,6 +11,51 @@ from relay.health.report import Check, Level, fmt_s, pct
 BATCH_FLOOR_S = 1.0
 """A batch may take this long whatever the trigger: a shorter trigger (the latency mode) only runs
 batches back to back, and a small batch's fixed cost (~0.3-0.5 s on two cores) is not a finding."""
+LATENCY_ACTION = (
+    "check checkpoint and ledger storage latency and the batch size (RELAY_MAX_OFFSETS_PER_TRIGGER); "
+    "or raise RELAY_TRIGGER_SECONDS"
+)
+
+
+def latency_data(
+    recent: list[dict], window_s: float, trigger_seconds: float, lag: int | None, fixed_size: int | None
+) -> dict[str, Any]:
+    """Median and p95 of the window's batch and commit durations, and its batch sizes."""
+    dur = [float(b["duration_ms"]) for b in recent]
+    com = [float(b["commit_ms"]) for b in recent]
+    rows = [int(b.get("rows_read") or 0) for b in recent]
+    return {
+        "batches": len(recent),
+        "window_s": window_s,
+        "trigger_ms": trigger_seconds * 1000,
+        "duration_ms": {"median": statistics.median(dur) if dur else None, "p95": pct(dur, 95)},
+        "commit_ms": {"median": statistics.median(com) if com else None, "p95": pct(com, 95)},
+        "rows": {"median": statistics.median(rows) if rows else None, "max": max(rows, default=None)},
+        "batch_size": "adaptive" if fixed_size is None else fixed_size,
+        "lag": lag,
+    }
+
+
+def latency_text(data: dict[str, Any], fixed_size: int | None) -> str:
+    """The figures every latency finding states, whatever its level."""
+    size = "adaptive" if fixed_size is None else f"fixed at {fixed_size:,}"
+    return (
+        f"batch median {data['duration_ms']['median']:.0f} ms, p95 {data['duration_ms']['p95']:.0f} ms; "
+        f"commit median {data['commit_ms']['median']:.0f} ms over {data['batches']} batch(es), "
+        f"trigger {data['trigger_ms']:.0f} ms; median {data['rows']['median']:,.0f} rows a batch ({size})"
+    )
+
+
+def target_ms(
+    trigger_ms: float, lag: int | None, median_rows: float, fixed_size: int | None
+) -> tuple[float, bool]:
+    """(the batch duration still on time, whether the pipeline is catching up). A trigger under
+    BATCH_FLOOR_S only runs batches back to back; adaptive batches grow to ADAPTIVE_BATCH_S on purpose
+    while more than a median batch is behind."""
+    target = max(trigger_ms, BATCH_FLOOR_S * 1000)
+    if fixed_size is None and lag is not None and lag > median_rows:
+        return max(target, ADAPTIVE_BATCH_S * 1000), True
+    return target, False
 
 
 def check_latency(
@@ -29,39 +75,17 @@ def check_latency(
     ``lag`` above the median batch): adaptive batches then grow to take ``ADAPTIVE_BATCH_S`` on purpose.
     """
     recent = [b for b in batches if b["committed_at"] >= now - window_s]
-    dur = [float(b["duration_ms"]) for b in recent]
-    com = [float(b["commit_ms"]) for b in recent]
-    rows = [int(b.get("rows_read") or 0) for b in recent]
-    data = {
-        "batches": len(recent),
-        "window_s": window_s,
-        "trigger_ms": trigger_seconds * 1000,
-        "duration_ms": {"median": statistics.median(dur) if dur else None, "p95": pct(dur, 95)},
-        "commit_ms": {"median": statistics.median(com) if com else None, "p95": pct(com, 95)},
-        "rows": {"median": statistics.median(rows) if rows else None, "max": max(rows, default=None)},
-        "batch_size": "adaptive" if fixed_size is None else fixed_size,
-        "lag": lag,
-    }
+    data = latency_data(recent, window_s, trigger_seconds, lag, fixed_size)
     if not recent:
         return Check("latency", Level.OK, f"no batch committed in the last {fmt_s(window_s)}", data)
-    med, trig = data["duration_ms"]["median"], trigger_seconds * 1000
-    size = "adaptive" if fixed_size is None else f"fixed at {fixed_size:,}"
-    text = (
-        f"batch median {med:.0f} ms, p95 {data['duration_ms']['p95']:.0f} ms; commit median "
-        f"{data['commit_ms']['median']:.0f} ms over {len(recent)} batch(es), trigger {trig:.0f} ms; "
-        f"median {data['rows']['median']:,.0f} rows a batch ({size})"
-    )
-    if trig <= 0:
+    text = latency_text(data, fixed_size)
+    if data["trigger_ms"] <= 0:
         return Check("latency", Level.OK, text + " (trigger 0: no target)", data)
-    action = (
-        "check checkpoint and ledger storage latency and the batch size (RELAY_MAX_OFFSETS_PER_TRIGGER); "
-        "or raise RELAY_TRIGGER_SECONDS"
-    )
-    trig = max(trig, BATCH_FLOOR_S * 1000)  # a 0.1 s trigger runs batches back to back: no page for that
-    if fixed_size is None and lag is not None and lag > data["rows"]["median"]:
-        trig = max(trig, ADAPTIVE_BATCH_S * 1000)  # catching up: long batches on purpose
+    target, catching_up = target_ms(data["trigger_ms"], lag, data["rows"]["median"], fixed_size)
+    if catching_up:
         text += f"; catching up ({lag:,} behind)"
-    if med > critical_factor * trig:
+    med, action = data["duration_ms"]["median"], LATENCY_ACTION
+    if med > critical_factor * target:
         return Check(
             "latency",
             Level.CRITICAL,
@@ -69,7 +93,7 @@ def check_latency(
             data,
             action,
         )
-    if med > trig:
+    if med > target:
         return Check("latency", Level.WARN, f"batches are slower than the trigger: {text}", data, action)
     return Check("latency", Level.OK, text, data)
 

@@ -1,25 +1,26 @@
-"""Checks of what runs: one instance only (ledger vs Spark master), and its driver's restarts."""
+"""Check of what runs: one instance only (the ledger's instances against the Spark master's applications).
+
+The inputs are read once into :class:`Seen` (who is live, what each of the master's applications is to
+the ledger (``relay.health.apps``), the refused starts, the run state); each finding is then judged by
+its own small function, so a rule can be read, and changed, without the others.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from relay.health.report import DEPLOY, REFUSAL_WINDOW_S, STOP, Check, Level, RunState, fmt_s
+from relay.health.apps import Apps, other_drivers, sort_apps
+from relay.health.report import DEPLOY, REFUSAL_WINDOW_S, STOP, Check, Level, RunState
 from relay.ledger.models import Attempt, AttemptState, Instance, InstanceState
 from relay.operations.inventory import STALE_HEARTBEAT_S, Inventory
-from relay.spark.launcher import app_prefix
+from relay.spark.rest import SparkApp
 
-STOPPING_GRACE_S = 120.0  # an application still listed this long after `relay stop` is a zombie
 COMMITTING_S = 60.0  # a commit this recent: the pipeline runs, whatever the master says
-
-
-def instance_of_app(pipeline: str, name: str) -> int | None:
-    """Instance id an application name ``relay-<pipeline>-<id>`` stands for; None if it is not ours.
-
-    A bare prefix match is not enough: the prefix of pipeline ``exp`` also matches ``relay-exp-foo-3``.
-    """
-    rest = name[len(app_prefix(pipeline)) :] if name.startswith(app_prefix(pipeline)) else ""
-    return int(rest) if rest.isdigit() else None
+NAME = "single_instance"
+KEEP_ONE = f"keep one instance: {STOP}, then {DEPLOY}"
+CHECK_MASTER = "check the Spark master (`relay stack status`)"
+REFUSED_ACTION = "find who submits copies of the job (they were refused and wrote nothing)"
 
 
 def is_upgrade(live: list[Instance]) -> bool:
@@ -50,7 +51,206 @@ def live_attempts(
     )
 
 
-# ------------------------------------------------------------------------------------ the checks
+def stopped_on_purpose(instances: list[Instance]) -> Instance | None:
+    """The newest instance, when a person stopped it (``relay stop`` asks in the ledger, then the
+    instance ends STOPPED, or FENCED when its driver had to be killed); None otherwise (a crash,
+    a failure, a driver SIGTERMed by Spark: those are DOWN)."""
+    newest = max(instances, key=lambda i: i.id, default=None)
+    if newest is None or not newest.stop_requested:
+        return None
+    return newest if newest.state in (InstanceState.STOPPED, InstanceState.FENCED) else None
+
+
+# ------------------------------------------------------------------------- what is seen, once
+@dataclass(frozen=True)
+class Seen:
+    """Everything the single-instance finding judges, derived once from the ledger and the master."""
+
+    live: list[Instance]
+    apps: Apps
+    refused: list[dict]  # starts refused within REFUSAL_WINDOW_S
+    current: list[dict[str, Any]]  # live attempts of the current epochs
+    superseded: list[dict[str, Any]]  # older attempts that still heartbeat
+    upgrade: bool
+    run_state: RunState
+    stopped: Instance | None  # the instance a person stopped, when nothing runs
+
+
+def attempt_rows(
+    live: list[Instance], attempts: dict[int, list[Attempt]], now: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(current, superseded) live attempts of the live instances, as the report lists them."""
+    current: list[dict[str, Any]] = []
+    superseded: list[dict[str, Any]] = []
+    for inst in live:
+        cur, old = live_attempts(inst, attempts.get(inst.id, []), now)
+        current += [{"instance": inst.id, "attempt": a.id, "epoch": a.epoch} for a in cur]
+        superseded += [{"instance": inst.id, "attempt": a.id, "epoch": a.epoch} for a in old]
+    return current, superseded
+
+
+def run_state_of(
+    live: list[Instance], inventory: Inventory, stopping: list[SparkApp], instances: list[Instance]
+) -> tuple[RunState, Instance | None]:
+    """(whether the job runs, the instance stopped on purpose when nothing does). An application still
+    finishing after `relay stop` runs nothing; a master that does not answer leaves it UNKNOWN unless
+    the ledger has a live instance."""
+    nothing_runs = not live and all(app in stopping for app in inventory.apps)
+    stopped = stopped_on_purpose(instances) if nothing_runs else None
+    if inventory.master_error and not live:
+        return RunState.UNKNOWN, stopped
+    if stopped is not None:
+        return RunState.STOPPED, stopped
+    return (RunState.DOWN if nothing_runs else RunState.RUNNING), stopped
+
+
+def see(
+    pipeline: str,
+    inventory: Inventory,
+    instances: list[Instance],
+    attempts: dict[int, list[Attempt]],
+    now: float,
+    refusals: list[dict] | None,
+) -> Seen:
+    """Both views, read once for every judgement below."""
+    by_id = {i.id: i for i in instances}
+    live = [by_id.get(i.id, i) for i in inventory.live]
+    apps = sort_apps(pipeline, inventory.apps, live, by_id, attempts, now)
+    current, superseded = attempt_rows(live, attempts, now)
+    run_state, stopped = run_state_of(live, inventory, apps.stopping, instances)
+    refused = [r for r in refusals or [] if r["created_at"] > now - REFUSAL_WINDOW_S]
+    return Seen(live, apps, refused, current, superseded, is_upgrade(live), run_state, stopped)
+
+
+def single_data(
+    seen: Seen, inventory: Inventory, instances: list[Instance], attempts: dict[int, list[Attempt]]
+) -> dict[str, Any]:
+    """The finding's details: both views as compared, and what each judgement found."""
+    return {
+        "live_instances": [
+            {
+                "id": i.id,
+                "state": i.state.value,
+                "version": i.version,
+                "color": i.color.value,
+                "submission_id": i.submission_id,
+            }
+            for i in seen.live
+        ],
+        "dead_instances": [
+            {"id": i.id, "state": i.state.value, "submission_id": i.submission_id} for i in inventory.dead
+        ],
+        "master_apps": [{"id": a.id, "name": a.name, "state": a.state.value} for a in inventory.apps],
+        "master_error": inventory.master_error,
+        "other_drivers": other_drivers(inventory, instances, attempts),
+        "refused_starts": [
+            {"instance": r["instance_id"], "driver": r["driver_id"], "host": r["host"], "at": r["created_at"]}
+            for r in seen.refused
+        ],
+        "unknown_apps": [a.id for a in seen.apps.not_ours],
+        "zombie_apps": [
+            {"app": a.id, "instance": i.id, "state": i.state.value} for a, i in seen.apps.zombies
+        ],
+        "live_attempts": seen.current,
+        "superseded_attempts": seen.superseded,
+        "upgrade_in_progress": seen.upgrade,
+        "status": seen.run_state.value,
+    }
+
+
+# --------------------------------------------------------------------------- the judgements
+def master_unreachable(
+    master_error: str | None, live: bool, now: float, last_commit_at: float | None
+) -> tuple[str | None, str | None]:
+    """(warning, problem) for a master that does not answer. While the pipeline keeps committing it is
+    a master restart (the drivers go on): a warning, since nothing beside it can be verified meanwhile."""
+    if not master_error:
+        return None, None
+    if live and last_commit_at is not None and now - last_commit_at < COMMITTING_S:
+        return (
+            f"Spark master unreachable ({master_error}), but the pipeline committed "
+            f"{now - last_commit_at:.0f}s ago: what runs beside it cannot be verified meanwhile"
+        ), None
+    return None, f"Spark master unreachable: {master_error}"
+
+
+def several_running(live: list[Instance], current: list[dict[str, Any]], upgrade: bool) -> str | None:
+    """More than one instance, or attempt, alive outside an upgrade (which runs two by design)."""
+    if len(live) > 1 and not upgrade:
+        return (
+            f"{len(live)} live instances {[i.id for i in live]} "
+            f"({', '.join(i.state.value for i in live)}) while no upgrade is in progress"
+        )
+    if len(current) > (2 if upgrade else 1):
+        return f"{len(current)} attempts alive at once: {current}"
+    return None
+
+
+def refused_starts(refused: list[dict]) -> str | None:
+    """Drivers refused at start for want of the launch token: they wrote nothing, but someone runs
+    copies of the job."""
+    if not refused:
+        return None
+    return f"{len(refused)} start(s) refused in the last {REFUSAL_WINDOW_S / 60:.0f} min: " + "; ".join(
+        r["reason"] for r in refused[-3:]
+    )
+
+
+def app_actions(apps: Apps) -> list[str]:
+    """What to do about applications Relay did not start and zombies (fenced ones cannot commit)."""
+    actions: list[str] = []
+    if apps.not_ours:
+        actions.append(
+            "kill the unknown application(s) in the Spark master, then check that no output was "
+            "written outside the ledger (`relay audit`)"
+        )
+    fenced = [inst.id for _, inst in apps.zombies if inst.state is InstanceState.FENCED]
+    unfenced = [inst.id for _, inst in apps.zombies if inst.state is not InstanceState.FENCED]
+    if unfenced:
+        actions.append(
+            f"fence instance(s) {unfenced} (it is not fenced: it could still commit) and kill "
+            f"their driver(s): {STOP}"
+        )
+    if fenced:
+        actions.append(f"kill the driver(s) of fenced instance(s) {fenced} (they cannot commit): {STOP}")
+    return actions
+
+
+def findings(
+    seen: Seen, master_error: str | None, now: float, last_commit_at: float | None
+) -> tuple[list[str], list[str], list[str]]:
+    """(problems, warnings, actions) of every judgement, in the order the report names them."""
+    warning, problem = master_unreachable(master_error, bool(seen.live), now, last_commit_at)
+    several = several_running(seen.live, seen.current, seen.upgrade)
+    problems = [p for p in (problem, *seen.apps.problems, several) if p]
+    warnings = [w for w in (warning, refused_starts(seen.refused)) if w]
+    actions = [f"{CHECK_MASTER}; what runs cannot be verified"] if problem else []
+    actions += app_actions(seen.apps) + ([KEEP_ONE] if several else [])
+    return problems, warnings, actions
+
+
+def what_runs(seen: Seen, inventory: Inventory, data: dict[str, Any]) -> Check:
+    """Nothing wrong: the OK finding says whether the job was stopped on purpose, is down or runs."""
+    if seen.stopped is not None:
+        return Check(
+            NAME,
+            Level.OK,
+            f"STOPPED on purpose: instance {seen.stopped.id} ({seen.stopped.version}) was stopped by "
+            "`relay stop`; nothing runs the pipeline until the next deploy",
+            data,
+        )
+    if seen.run_state is RunState.DOWN:
+        why = (
+            f" (instance(s) {[i.id for i in inventory.dead]} are live in the ledger but nothing runs them)"
+            if inventory.dead
+            else ""
+        )
+        return Check(NAME, Level.OK, f"DOWN: nothing runs the pipeline{why}", data)
+    what = "; ".join(f"instance {i.id} {i.state.value} ({i.version}, {i.color.value})" for i in seen.live)
+    upgrade = " (upgrade in progress)" if seen.upgrade else ""
+    return Check(NAME, Level.OK, f"RUNNING: {what}{upgrade}", data)
+
+
 def check_single_instance(
     pipeline: str,
     inventory: Inventory,
@@ -73,269 +273,14 @@ def check_single_instance(
     ``instances`` are ALL instances of the pipeline: inventory only lists the live ones, and a FENCED
     instance still running in the master shows up there as an unknown application.
     """
-    by_id = {i.id: i for i in instances}
-    live = [by_id.get(i.id, i) for i in inventory.live]
-    problems: list[str] = []
-    actions: list[str] = []
-    data: dict[str, Any] = {
-        "live_instances": [
-            {
-                "id": i.id,
-                "state": i.state.value,
-                "version": i.version,
-                "color": i.color.value,
-                "submission_id": i.submission_id,
-            }
-            for i in live
-        ],
-        "dead_instances": [
-            {"id": i.id, "state": i.state.value, "submission_id": i.submission_id} for i in inventory.dead
-        ],
-        "master_apps": [{"id": a.id, "name": a.name, "state": a.state.value} for a in inventory.apps],
-        "master_error": inventory.master_error,
-    }
-    unknown, zombies, impostors, stopping = [], [], [], []
-    for app in inventory.apps:
-        if not app.name.startswith(app_prefix(pipeline)):
-            continue
-        inst_id = instance_of_app(pipeline, app.name)
-        if inst_id is None:
-            head, _, tail = app.name[len(app_prefix(pipeline)) :].rpartition("-")
-            if head and tail.isdigit():
-                continue  # another pipeline whose name extends ours (relay-exp-foo-3 for pipeline exp)
-        owner = next((i for i in live if i.id == inst_id), None)
-        if owner is not None:
-            recorded = {a.app_id for a in attempts.get(owner.id, []) if a.app_id}
-            current = [a for a in attempts.get(owner.id, []) if a.epoch == owner.current_epoch]
-            starting = bool(current) and current[-1].app_id is None  # its session is still being built
-            if app.id not in recorded and not starting:
-                impostors.append((app, owner))
-                problems.append(
-                    f"Spark application {app.id} runs under instance {owner.id}'s name ({app.name}) but "
-                    f"is not an attempt Relay recorded (current: "
-                    f"{current[-1].app_id if current else 'none'}): a copy Relay did not start"
-                )
-            continue
-        inst = by_id.get(inst_id) if inst_id is not None else None
-        if inst is None:
-            unknown.append(app)
-            problems.append(
-                f"Spark application {app.id} ({app.name}) runs but the ledger knows no such instance "
-                "(started behind Relay's back?)"
-            )
-        elif inst.stop_requested and now - inst.updated_at < STOPPING_GRACE_S:
-            stopping.append(app)  # `relay stop` ended it a moment ago: its application is finishing
-        else:
-            zombies.append((app, inst))
-            problems.append(
-                f"instance {inst.id} is {inst.state.value} in the ledger but still runs in the master "
-                f"as {app.id} ({app.name})"
-            )
-    unknown += [app for app, _ in impostors]
-    known_drivers = {i.submission_id for i in instances if i.submission_id} | {
-        a.driver_id for atts in attempts.values() for a in atts if a.driver_id
-    }
-    data["other_drivers"] = [
-        {"id": d.id, "state": d.state.value, "worker": d.worker}
-        for d in inventory.drivers
-        if d.id not in known_drivers
-    ]
-    warnings: list[str] = []
-    recent = [r for r in refusals or [] if r["created_at"] > now - REFUSAL_WINDOW_S]
-    data["refused_starts"] = [
-        {"instance": r["instance_id"], "driver": r["driver_id"], "host": r["host"], "at": r["created_at"]}
-        for r in recent
-    ]
-    if recent:
-        warnings.append(
-            f"{len(recent)} start(s) refused in the last {REFUSAL_WINDOW_S / 60:.0f} min: "
-            + "; ".join(r["reason"] for r in recent[-3:])
-        )
-    if unknown:
-        actions.append(
-            "kill the unknown application(s) in the Spark master, then check that no output was "
-            "written outside the ledger (`relay audit`)"
-        )
-    if zombies:
-        fenced = [inst.id for _, inst in zombies if inst.state is InstanceState.FENCED]
-        unfenced = [inst.id for _, inst in zombies if inst.state is not InstanceState.FENCED]
-        if unfenced:
-            actions.append(
-                f"fence instance(s) {unfenced} (it is not fenced: it could still commit) and kill "
-                f"their driver(s): {STOP}"
-            )
-        if fenced:
-            actions.append(f"kill the driver(s) of fenced instance(s) {fenced} (they cannot commit): {STOP}")
-    data["unknown_apps"] = [a.id for a in unknown]
-    data["zombie_apps"] = [{"app": a.id, "instance": i.id, "state": i.state.value} for a, i in zombies]
-
-    current: list[dict[str, Any]] = []
-    superseded: list[dict[str, Any]] = []
-    for inst in live:
-        cur, old = live_attempts(inst, attempts.get(inst.id, []), now)
-        current += [{"instance": inst.id, "attempt": a.id, "epoch": a.epoch} for a in cur]
-        superseded += [{"instance": inst.id, "attempt": a.id, "epoch": a.epoch} for a in old]
-    data["live_attempts"], data["superseded_attempts"] = current, superseded
-    upgrade = is_upgrade(live)
-    data["upgrade_in_progress"] = upgrade
-    if len(live) > 1 and not upgrade:
-        problems.append(
-            f"{len(live)} live instances {[i.id for i in live]} "
-            f"({', '.join(i.state.value for i in live)}) while no upgrade is in progress"
-        )
-        actions.append(f"keep one instance: {STOP}, then {DEPLOY}")
-    elif len(current) > (2 if upgrade else 1):
-        problems.append(f"{len(current)} attempts alive at once: {current}")
-        actions.append(f"keep one instance: {STOP}, then {DEPLOY}")
-
-    nothing_runs = not live and all(app in stopping for app in inventory.apps)
-    run_state = RunState.DOWN if nothing_runs else RunState.RUNNING
-    stopped = stopped_on_purpose(instances) if nothing_runs else None
-    if stopped is not None:
-        run_state = RunState.STOPPED
-    if inventory.master_error and not live:
-        run_state = RunState.UNKNOWN
-    data["status"] = run_state.value
-    committing = last_commit_at is not None and now - last_commit_at < COMMITTING_S
-    if inventory.master_error and committing and live:  # a master restart: the drivers go on
-        warnings.insert(
-            0,
-            f"Spark master unreachable ({inventory.master_error}), but the pipeline committed "
-            f"{now - last_commit_at:.0f}s ago: what runs beside it cannot be verified meanwhile",
-        )
-    elif inventory.master_error:
-        problems.insert(0, f"Spark master unreachable: {inventory.master_error}")
-        actions.insert(0, "check the Spark master (`relay stack status`); what runs cannot be verified")
-    refused_action = "find who submits copies of the job (they were refused and wrote nothing)"
+    seen = see(pipeline, inventory, instances, attempts, now, refusals)
+    data = single_data(seen, inventory, instances, attempts)
+    problems, warnings, actions = findings(seen, inventory.master_error, now, last_commit_at)
     if problems:  # refused starts stay named: with an impostor running they tell who submits copies
-        return Check(
-            "single_instance",
-            Level.CRITICAL,
-            "; ".join(problems + warnings),
-            data,
-            "; ".join(actions + ([refused_action] if warnings else [])),
-        )
+        action = "; ".join(actions + ([REFUSED_ACTION] if warnings else []))
+        return Check(NAME, Level.CRITICAL, "; ".join(problems + warnings), data, action)
     if warnings:
-        action = refused_action if recent else "check the Spark master (`relay stack status`)"
-        return Check("single_instance", Level.WARN, "; ".join(warnings), data, action)
-    if stopped is not None:
         return Check(
-            "single_instance",
-            Level.OK,
-            f"STOPPED on purpose: instance {stopped.id} ({stopped.version}) was stopped by `relay stop`; "
-            "nothing runs the pipeline until the next deploy",
-            data,
+            NAME, Level.WARN, "; ".join(warnings), data, REFUSED_ACTION if seen.refused else CHECK_MASTER
         )
-    if run_state is RunState.DOWN:
-        why = (
-            f" (instance(s) {[i.id for i in inventory.dead]} are live in the ledger but nothing runs them)"
-            if inventory.dead
-            else ""
-        )
-        return Check("single_instance", Level.OK, f"DOWN: nothing runs the pipeline{why}", data)
-    what = "; ".join(f"instance {i.id} {i.state.value} ({i.version}, {i.color.value})" for i in live)
-    return Check(
-        "single_instance", Level.OK, f"RUNNING: {what}" + (" (upgrade in progress)" if upgrade else ""), data
-    )
-
-
-def stopped_on_purpose(instances: list[Instance]) -> Instance | None:
-    """The newest instance, when a person stopped it (``relay stop`` asks in the ledger, then the
-    instance ends STOPPED, or FENCED when its driver had to be killed); None otherwise (a crash,
-    a failure, a driver SIGTERMed by Spark: those are DOWN)."""
-    newest = max(instances, key=lambda i: i.id, default=None)
-    if newest is None or not newest.stop_requested:
-        return None
-    return newest if newest.state in (InstanceState.STOPPED, InstanceState.FENCED) else None
-
-
-def check_driver(
-    instances: list[Instance],
-    attempts: dict[int, list[Attempt]],
-    live_ids: set[int],
-    now: float,
-    crash_window_s: float = 600.0,
-    crash_attempts: int = 3,
-    productive: set[int] | None = None,
-) -> Check:
-    """Restarts, crash loops and failed instances.
-
-    Supervision relaunches ANY non-zero exit forever, so a crash loop looks like a running job from the
-    master: only the attempt count per instance tells. Attempts that committed a batch (``productive``)
-    made progress and are restarts, not a loop.
-
-    A FENCED instance is never judged: fencing is a decision already taken (an upgrade aborted its
-    green, a stop fenced a driver that did not stop), its attempts cannot commit, and reporting its
-    crashes as a crash loop sent operators after a problem that was already handled. While something
-    runs, fenced instances newer than it are only listed in ``data["fenced_after"]``; when nothing
-    runs, the newest one is named in a WARN because it explains why, e.g. ``upgrade 3 aborted: ...``.
-    """
-    data: dict[str, Any] = {"instances": []}
-    problems: list[str] = []
-    actions: list[str] = []
-    judged = [i for i in instances if i.state is not InstanceState.FENCED]
-    considered = [i for i in judged if i.id in live_ids]
-    latest = judged[-1] if judged else None
-    if latest is not None and latest.id not in live_ids:
-        considered.append(latest)  # the last one explains why nothing runs (FAILED, STOPPED)
-    newest = max((i.id for i in considered), default=0)
-    fenced = [i for i in instances if i.state is InstanceState.FENCED and i.id > newest]
-    data["fenced_after"] = [
-        {"id": i.id, "version": i.version, "color": i.color.value, "reason": i.error} for i in fenced
-    ]
-    running = any(i.id in live_ids for i in considered)
-    note = (
-        f"instance {fenced[-1].id} ({fenced[-1].version}, {fenced[-1].color.value}) was fenced: "
-        f"{fenced[-1].error or 'no reason recorded'}"
-        if fenced and not running and not fenced[-1].stop_requested  # a stop that had to fence: asked
-        else None
-    )
-    for inst in considered:
-        atts = attempts.get(inst.id, [])
-        recent = [
-            a for a in atts if a.started_at >= now - crash_window_s and a.id not in (productive or set())
-        ]
-        last = atts[-1] if atts else None
-        data["instances"].append(
-            {
-                "id": inst.id,
-                "state": inst.state.value,
-                "restarts": max(len(atts) - 1, 0),
-                "attempts_in_window": len(recent),
-                "error": inst.error,
-                "last_attempt": last.to_json() if last else None,
-            }
-        )
-        if len(recent) >= crash_attempts:
-            errors = sorted({a.error for a in recent if a.error})
-            problems.append(
-                f"crash loop: instance {inst.id} started {len(recent)} attempts in the last "
-                f"{fmt_s(crash_window_s)}" + (f" (errors: {'; '.join(errors)[:300]})" if errors else "")
-            )
-            actions.append(
-                f"read the driver log (var/logs or the Spark worker), fix the cause, {STOP}, then {DEPLOY}"
-            )
-        failure = inst.error if inst.state is InstanceState.FAILED else None
-        if not failure and last is not None and last.state is AttemptState.FAILED and inst.id in live_ids:
-            failure = last.error or "its last attempt FAILED"
-        if failure:
-            problems.append(f"instance {inst.id} {inst.state.value}: {failure}")
-            if "data loss" in failure.lower():
-                actions.append("run the recovery DAG relay_recover (strategy earliest; dry-run first)")
-            else:
-                actions.append(f"read the driver log, fix the cause, then {DEPLOY}")
-    data["restarts"] = sum(d["restarts"] for d in data["instances"] if d["id"] in live_ids)
-    if problems:
-        text = "; ".join(problems + ([note] if note else []))
-        return Check("driver", Level.CRITICAL, text, data, "; ".join(dict.fromkeys(actions)))
-    if note:
-        return Check(
-            "driver",
-            Level.WARN,
-            f"nothing runs; {note}",
-            data,
-            f"fix what the fencing names, then {DEPLOY} (or run the upgrade again)",
-        )
-    if not considered:
-        return Check("driver", Level.OK, "no instance yet", data)
-    return Check("driver", Level.OK, f"{data['restarts']} restart(s) of the live instance(s)", data)
+    return what_runs(seen, inventory, data)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from relay.health.checks_progress import consume_rates
 from relay.health.report import DEPLOY, Check, Level, fmt_s
 from relay.kafka.identity import RECOVER
@@ -10,6 +13,47 @@ from relay.kafka.identity import RECOVER
 LAG_AGE = "record_timestamp"  # now - timestamp of the oldest unapplied record (read at the cursor)
 LAG_DRAIN = "consume_rate"  # lag / the rate the cursor moved while recent batches ran
 CAUGHT_UP = "caught_up"
+
+
+def lag_seconds(lag: int | None, age: float | None, rate: float) -> tuple[float | None, str | None]:
+    """(seconds behind, how they were obtained): the age of the oldest unapplied record when it could
+    be read, else the lag at the rate the cursor moved while batches ran, else unknown."""
+    if lag == 0:
+        return 0.0, CAUGHT_UP
+    if lag is not None and age is not None:
+        return age, LAG_AGE
+    if lag is not None and rate > 0:
+        return lag / rate, LAG_DRAIN
+    return None, None
+
+
+def lag_over(
+    p: int, lag: int | None, seconds: float | None, method: str | None, warn_records: int, warn_seconds: float
+) -> str | None:
+    """The partition's part of the WARN, when its lag is above either threshold."""
+    if lag is None or not (lag > warn_records or (seconds is not None and seconds > warn_seconds)):
+        return None
+    how = {LAG_AGE: "oldest unapplied record", LAG_DRAIN: "at the recent consume rate"}.get(
+        method or "", "seconds unknown"
+    )
+    return f"[{p}] {lag} records ({fmt_s(seconds)}, {how})"
+
+
+def lag_verdict(parts: list[dict], over: list[str], data: dict[str, Any]) -> Check:
+    """WARN naming the partitions over a threshold; else OK with the total and the worst delay."""
+    if over:
+        return Check(
+            "lag",
+            Level.WARN,
+            f"lag above {data['warn_records']} records or {fmt_s(data['warn_seconds'])}: " + ", ".join(over),
+            data,
+            "check progress; if the job keeps up too slowly raise RELAY_MAX_OFFSETS_PER_TRIGGER or cores",
+        )
+    worst = max((d for d in parts if d["lag_seconds"]), key=lambda d: d["lag_seconds"], default=None)
+    behind = (
+        f", at most {fmt_s(worst['lag_seconds'])} behind ({worst['lag_seconds_method']})" if worst else ""
+    )
+    return Check("lag", Level.OK, f"total lag {data['total']} records{behind}", data)
 
 
 def check_lag(
@@ -37,16 +81,7 @@ def check_lag(
     for row in offsets:
         p, lag = int(row["partition"]), row.get("lag")
         rate = rates.get(p, 0.0)
-        age = (waiting or {}).get(p)
-        seconds: float | None
-        if lag == 0:
-            seconds, method = 0.0, CAUGHT_UP
-        elif lag is not None and age is not None:
-            seconds, method = age, LAG_AGE
-        elif lag is not None and rate > 0:
-            seconds, method = lag / rate, LAG_DRAIN
-        else:
-            seconds, method = None, None
+        seconds, method = lag_seconds(lag, (waiting or {}).get(p), rate)
         parts.append(
             {
                 "partition": p,
@@ -56,35 +91,109 @@ def check_lag(
                 "lag_seconds_method": method,
             }
         )
-        if lag is not None and (lag > warn_records or (seconds is not None and seconds > warn_seconds)):
-            how = {LAG_AGE: "oldest unapplied record", LAG_DRAIN: "at the recent consume rate"}.get(
-                method or "", "seconds unknown"
-            )
-            over.append(f"[{p}] {lag} records ({fmt_s(seconds)}, {how})")
-    total = sum(int(d["lag"] or 0) for d in parts)
-    methods = sorted(
-        {d["lag_seconds_method"] for d in parts if d["lag_seconds_method"] not in (None, CAUGHT_UP)}
-    )
+        note = lag_over(p, lag, seconds, method, warn_records, warn_seconds)
+        if note:
+            over.append(note)
+    methods = {d["lag_seconds_method"] for d in parts} - {None, CAUGHT_UP}
     data = {
         "partitions": parts,
-        "total": total,
+        "total": sum(int(d["lag"] or 0) for d in parts),
         "warn_records": warn_records,
         "warn_seconds": warn_seconds,
-        "seconds_methods": methods,
+        "seconds_methods": sorted(methods),
     }
-    if over:
-        return Check(
-            "lag",
-            Level.WARN,
-            f"lag above {warn_records} records or {fmt_s(warn_seconds)}: " + ", ".join(over),
-            data,
-            "check progress; if the job keeps up too slowly raise RELAY_MAX_OFFSETS_PER_TRIGGER or cores",
-        )
-    worst = max((d for d in parts if d["lag_seconds"]), key=lambda d: d["lag_seconds"], default=None)
-    behind = (
-        f", at most {fmt_s(worst['lag_seconds'])} behind ({worst['lag_seconds_method']})" if worst else ""
+    return lag_verdict(parts, over, data)
+
+
+# ---------------------------------------------------------------------------------- retention
+def cursor_age(lag: int, produce_rate: float | None, known: float | None) -> tuple[float | None, str | None]:
+    """(how old the record at the cursor is, how that was obtained): its timestamp's age when it could
+    be read, else ``lag / produce_rate`` (overstated after a burst: errs towards an early warning)."""
+    if known is not None:
+        return known, LAG_AGE
+    if produce_rate:
+        return lag / produce_rate, "produce_rate"
+    return None, None
+
+
+def time_left(margin: int, age: float | None, retention_s: float | None, chase: float) -> float | None:
+    """Seconds before retention overtakes the cursor: by the age of its record under time-based
+    retention, else by how fast the earliest offset closes the margin (``chase``); None: neither."""
+    estimates: list[float] = []
+    if retention_s is not None and age is not None:
+        estimates.append(retention_s - age)
+    if chase > 0 and not estimates:  # time-based retention: the age alone says when
+        estimates.append(margin / chase)
+    return max(min(estimates), 0.0) if estimates else None
+
+
+def gone(row: dict) -> str | None:
+    """The partition's part of the CRITICAL, when retention removed records below its cursor."""
+    cursor, earliest = row.get("cursor"), int(row["earliest"])
+    if cursor is None or cursor >= earliest:
+        return None
+    return (
+        f"[{int(row['partition'])}] cursor {cursor} < earliest {earliest} ({earliest - cursor} records gone)"
     )
-    return Check("lag", Level.OK, f"total lag {total} records{behind}", data)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The rates the retention estimate reads, per partition (records/s; None: no history)."""
+
+    produce: dict[int, float | None]
+    earliest: dict[int, float | None]
+    consume: dict[int, float]
+    waiting: dict[int, float | None]
+
+
+def retention_partition(row: dict, retention_s: float | None, rates: Rates) -> tuple[dict, float | None]:
+    """(the partition as the report lists it, the seconds left before retention overtakes its cursor)."""
+    p, cursor, lag = int(row["partition"]), row.get("cursor"), row.get("lag")
+    if cursor is None:
+        return {"partition": p, "margin": None, "time_left_s": None, "invalidated": False}, None
+    margin = cursor - int(row["earliest"])
+    age, method, left = None, None, None
+    if margin >= 0 and lag:
+        age, method = cursor_age(lag, rates.produce.get(p), rates.waiting.get(p))
+        chase = (rates.earliest.get(p) or 0.0) - rates.consume.get(p, 0.0)
+        left = time_left(margin, age, retention_s, chase)
+    return {
+        "partition": p,
+        "margin": margin,
+        "time_left_s": None if left is None else round(left, 1),
+        "invalidated": margin < 0,
+        "produce_rate": rates.produce.get(p),
+        "consume_rate": rates.consume.get(p, 0.0),
+        "cursor_age_s": None if age is None else round(age, 1),
+        "cursor_age_method": method,
+    }, left
+
+
+def retention_verdict(invalid: list[str], short: list[str], data: dict[str, Any]) -> Check:
+    """CRITICAL once records the pipeline had not read are gone; WARN when that is 2 intervals away."""
+    if invalid:
+        return Check(
+            "retention",
+            Level.CRITICAL,
+            "invalidated: retention removed records the pipeline had not read: " + ", ".join(invalid),
+            data,
+            "run the recovery DAG relay_recover (strategy earliest; dry-run first to see the plan)",
+        )
+    if short:
+        return Check(
+            "retention",
+            Level.WARN,
+            "retention will overtake the cursor within 2 health intervals: " + ", ".join(short),
+            data,
+            f"make sure the job runs and keeps up ({DEPLOY} if down), or raise the topic's retention.ms",
+        )
+    known = data["retention_ms"] is not None and data["retention_ms"] >= 0
+    note = "" if known else " (retention.ms unknown or infinite)"
+    margins = [d["margin"] for d in data["partitions"] if d["margin"] is not None]
+    return Check(
+        "retention", Level.OK, f"smallest margin {min(margins) if margins else 'n/a'} records{note}", data
+    )
 
 
 def check_retention(
@@ -111,43 +220,14 @@ def check_retention(
       history.
     """
     retention_s = retention_ms / 1000 if retention_ms is not None and retention_ms >= 0 else None
-    parts, invalid, short = [], [], []
+    rates = Rates(produce, earliest_rate, consume, waiting or {})
+    parts, short = [], []
     for row in offsets:
-        p, cursor, lag = int(row["partition"]), row.get("cursor"), row.get("lag")
-        earliest = int(row["earliest"])
-        if cursor is None:
-            parts.append({"partition": p, "margin": None, "time_left_s": None, "invalidated": False})
-            continue
-        margin = cursor - earliest
-        estimates: list[float] = []
-        age: float | None = None
-        age_method: str | None = None
-        if margin < 0:
-            invalid.append(f"[{p}] cursor {cursor} < earliest {earliest} ({-margin} records gone)")
-        elif lag:
-            rate_p, known = produce.get(p), (waiting or {}).get(p)
-            age = known if known is not None else (lag / rate_p if rate_p else None)
-            age_method = None if age is None else (LAG_AGE if known is not None else "produce_rate")
-            if retention_s is not None and age is not None:
-                estimates.append(retention_s - age)
-            chase = (earliest_rate.get(p) or 0.0) - consume.get(p, 0.0)
-            if chase > 0 and not estimates:  # time-based retention: the age alone says when
-                estimates.append(margin / chase)
-        left = max(min(estimates), 0.0) if estimates else None
-        parts.append(
-            {
-                "partition": p,
-                "margin": margin,
-                "time_left_s": None if left is None else round(left, 1),
-                "invalidated": margin < 0,
-                "produce_rate": produce.get(p),
-                "consume_rate": consume.get(p, 0.0),
-                "cursor_age_s": None if age is None else round(age, 1),
-                "cursor_age_method": age_method,
-            }
-        )
+        part, left = retention_partition(row, retention_s, rates)
+        parts.append(part)
         if left is not None and left < 2 * interval_s:
-            short.append(f"[{p}] {fmt_s(left)} left (margin {margin} records)")
+            short.append(f"[{part['partition']}] {fmt_s(left)} left (margin {part['margin']} records)")
+    invalid = [x for x in map(gone, offsets) if x]
     data = {
         "partitions": parts,
         "retention_ms": retention_ms,
@@ -155,27 +235,7 @@ def check_retention(
         "config_error": config_error,
         "suggested_strategy": "earliest" if invalid else None,
     }
-    if invalid:
-        return Check(
-            "retention",
-            Level.CRITICAL,
-            "invalidated: retention removed records the pipeline had not read: " + ", ".join(invalid),
-            data,
-            "run the recovery DAG relay_recover (strategy earliest; dry-run first to see the plan)",
-        )
-    if short:
-        return Check(
-            "retention",
-            Level.WARN,
-            "retention will overtake the cursor within 2 health intervals: " + ", ".join(short),
-            data,
-            f"make sure the job runs and keeps up ({DEPLOY} if down), or raise the topic's retention.ms",
-        )
-    note = "" if retention_s is not None else " (retention.ms unknown or infinite)"
-    margins = [d["margin"] for d in parts if d["margin"] is not None]
-    return Check(
-        "retention", Level.OK, f"smallest margin {min(margins) if margins else 'n/a'} records{note}", data
-    )
+    return retention_verdict(invalid, short, data)
 
 
 def check_identity(problems: list[str], topic: str) -> Check:

@@ -6,6 +6,7 @@ health reports persisted. Rates derived from both are shared with the lag and re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from relay.health.report import (
@@ -137,6 +138,164 @@ def earliest_rates(offsets: list[dict], samples: list[dict], now: float) -> dict
     return _offset_rates(offsets, samples, now, "earliest")
 
 
+@dataclass(frozen=True)
+class Window:
+    """What every partition's judgement reads, gathered once per check."""
+
+    now: float
+    window_s: float
+    run_state: RunState
+    moves: dict[int, int]  # records each cursor moved in the window
+    last: dict[int, float]  # when each cursor last moved
+    window: list[dict]  # the samples of the window, after its baseline
+    samples: list[dict]  # every earlier sample
+    waiting: dict[int, float | None]  # the age of the oldest unapplied record, when it could be read
+    history_s: float | None  # how long the running attempt(s) could have moved the cursor
+
+
+def lag_history(p: int, window: list[dict]) -> list[int]:
+    """The partition's lag at each sample of the window that knew it."""
+    return [
+        int(s["offsets"][p]["lag"])
+        for s in window
+        if p in s["offsets"] and s["offsets"][p].get("lag") is not None
+    ]
+
+
+def stalled_for(p: int, cursor: int | None, w: Window) -> tuple[float | None, float | None]:
+    """(how long the cursor may have been stuck, how long records have waited at it).
+
+    The smallest of what is known, never more than the pipeline's history: since the cursor last
+    moved, since the attempt became active (``history_s``), since records wait at the cursor (their
+    age, else a bound from earlier samples). None: nothing bounds it (no live attempt known).
+    """
+    bound = None if cursor is None else waiting_bound(p, cursor, w.samples, w.now)
+    waited = min((x for x in (w.waiting.get(p), bound) if x is not None), default=None)
+    bounds = [w.now - w.last[p]] if p in w.last else []
+    bounds += [b for b in (w.history_s, waited) if b is not None]
+    return (min(bounds) if bounds else None), waited
+
+
+def growing(lag: int | None, lags: list[int]) -> bool:
+    """The lag grew over every sample of the window, up to now (Burrow's WARN)."""
+    if lag is None or not lags:
+        return False
+    series = [*lags, lag]
+    return all(b > a for a, b in zip(series, series[1:]))
+
+
+def partition_status(
+    cursor: int | None,
+    earliest: int,
+    lag: int | None,
+    advanced: bool,
+    grows: bool,
+    stalled_s: float | None,
+    w: Window,
+) -> PartitionStatus:
+    """Burrow's rule for one partition, the first that applies (see :func:`check_progress`)."""
+    if cursor is None:
+        return PartitionStatus.UNOWNED
+    if cursor < earliest:
+        return PartitionStatus.ERR
+    if not lag:
+        return PartitionStatus.OK
+    if w.run_state is RunState.DOWN:
+        return PartitionStatus.STOP
+    if w.run_state is RunState.STOPPED:
+        return PartitionStatus.STOPPED
+    if advanced:
+        return PartitionStatus.WARN if grows else PartitionStatus.OK
+    if w.run_state is RunState.UNKNOWN:
+        return PartitionStatus.OK
+    stuck = stalled_s is None or stalled_s >= w.window_s
+    return PartitionStatus.STALL if stuck else PartitionStatus.OK
+
+
+def judge_partition(row: dict, w: Window) -> dict[str, Any]:
+    """One partition's status, and the figures it was judged on, as the report lists them."""
+    p, cursor, lag = int(row["partition"]), row.get("cursor"), row.get("lag")
+    lags = lag_history(p, w.window)
+    advanced = w.moves.get(p, 0) > 0
+    stalled_s, waited = stalled_for(p, cursor, w)
+    status = partition_status(cursor, int(row["earliest"]), lag, advanced, growing(lag, lags), stalled_s, w)
+    return {
+        "partition": p,
+        "status": status.value,
+        "cursor": cursor,
+        "lag": lag,
+        "moved_in_window": w.moves.get(p, 0),
+        "lag_history": lags,
+        "stalled_s": None if stalled_s is None or advanced or not lag else round(stalled_s, 1),
+        "waiting_s": None if waited is None else round(waited, 1),
+    }
+
+
+# ------------------------------------------------------------------- one finding per status
+Finding = tuple[str, str | None]  # (what the report says, what to run next)
+
+
+def _err(ids: list[int], parts: list[dict], window_s: float) -> Finding:
+    return (
+        f"ERR on partition(s) {ids}: the cursor is below the earliest "
+        "offset, retention removed records the pipeline had not read",
+        "run the recovery DAG relay_recover (strategy earliest; dry-run first)",
+    )
+
+
+def _stop(ids: list[int], parts: list[dict], window_s: float) -> Finding:
+    return f"STOP on partition(s) {ids}: messages are waiting and nothing reads them", DEPLOY
+
+
+def _stopped(ids: list[int], parts: list[dict], window_s: float) -> Finding:
+    return f"stopped on purpose: records wait on partition(s) {ids} for the next deploy", None
+
+
+def _stall(ids: list[int], parts: list[dict], window_s: float) -> Finding:
+    stuck = ", ".join(
+        f"[{d['partition']}] for "
+        + (fmt_s(d["stalled_s"]) if d["stalled_s"] is not None else f"over {fmt_s(window_s)}")
+        for d in parts
+        if d["status"] == PartitionStatus.STALL.value
+    )
+    return (
+        f"STALL on partition(s) {ids}: the job runs and records are "
+        f"waiting, but the cursor has not moved ({stuck})",
+        f"read the driver log; if it hangs, {STOP} then {DEPLOY}",
+    )
+
+
+def _falling_behind(ids: list[int], parts: list[dict], window_s: float) -> Finding:
+    return (
+        f"falling behind on partition(s) {ids}: the cursor moves but the lag grows",
+        "raise RELAY_MAX_OFFSETS_PER_TRIGGER or the worker's cores, or lower the produce rate",
+    )
+
+
+_FINDINGS = (
+    (PartitionStatus.ERR, _err),
+    (PartitionStatus.STOP, _stop),
+    (PartitionStatus.STOPPED, _stopped),
+    (PartitionStatus.STALL, _stall),
+    (PartitionStatus.WARN, _falling_behind),
+)
+
+
+def progress_text(
+    by_status: dict[PartitionStatus, list[int]], parts: list[dict], window_s: float
+) -> tuple[str, str | None]:
+    """(message, action): the finding of each status present, most severe first."""
+    msgs, actions = [], []
+    for status, finding in _FINDINGS:
+        if status in by_status:
+            msg, action = finding(by_status[status], parts, window_s)
+            msgs.append(msg)
+            actions += [action] if action else []
+    if not msgs:
+        msgs.append("every partition is caught up or moving" if parts else "no offsets to evaluate")
+    return "; ".join(msgs), "; ".join(actions) or None
+
+
 def check_progress(
     offsets: list[dict],
     batches: list[dict],
@@ -164,61 +323,19 @@ def check_progress(
     5 s earlier, was reported "STALL 5.0 min".
     """
     topic = topic or (offsets[0]["topic"] if offsets else "")
-    moves = cursor_moves(batches, topic, now - window_s)
-    last = last_moves(batches, topic)
-    window = window_samples(samples, now, window_s)
     history_s = None if active_since is None else max(now - active_since, 0.0)
-    parts: list[dict[str, Any]] = []
-    for row in offsets:
-        p, cursor, lag = int(row["partition"]), row.get("cursor"), row.get("lag")
-        earliest = int(row["earliest"])
-        lags = [
-            int(s["offsets"][p]["lag"])
-            for s in window
-            if p in s["offsets"] and s["offsets"][p].get("lag") is not None
-        ]
-        advanced = moves.get(p, 0) > 0
-        known_wait = (waiting or {}).get(p)
-        bound = None if cursor is None else waiting_bound(p, cursor, samples, now)
-        waited = min((w for w in (known_wait, bound) if w is not None), default=None)
-        bounds = [now - last[p]] if p in last else []
-        bounds += [b for b in (history_s, waited) if b is not None]
-        stalled_s = min(bounds) if bounds else None  # None: nothing bounds it (no live attempt known)
-        growing = (
-            lag is not None
-            and len(lags) >= 1
-            and all(b > a for a, b in zip(lags + [lag], (lags + [lag])[1:]))
-        )
-        if cursor is None:
-            status = PartitionStatus.UNOWNED
-        elif cursor < earliest:
-            status = PartitionStatus.ERR
-        elif not lag:
-            status = PartitionStatus.OK
-        elif run_state is RunState.DOWN:
-            status = PartitionStatus.STOP
-        elif run_state is RunState.STOPPED:
-            status = PartitionStatus.STOPPED
-        elif advanced:
-            status = PartitionStatus.WARN if growing else PartitionStatus.OK
-        elif run_state is RunState.UNKNOWN:
-            status = PartitionStatus.OK
-        else:
-            status = (
-                PartitionStatus.STALL if stalled_s is None or stalled_s >= window_s else PartitionStatus.OK
-            )
-        parts.append(
-            {
-                "partition": p,
-                "status": status.value,
-                "cursor": cursor,
-                "lag": lag,
-                "moved_in_window": moves.get(p, 0),
-                "lag_history": lags,
-                "stalled_s": None if stalled_s is None or advanced or not lag else round(stalled_s, 1),
-                "waiting_s": None if waited is None else round(waited, 1),
-            }
-        )
+    w = Window(
+        now,
+        window_s,
+        run_state,
+        cursor_moves(batches, topic, now - window_s),
+        last_moves(batches, topic),
+        window_samples(samples, now, window_s),
+        samples,
+        waiting or {},
+        history_s,
+    )
+    parts = [judge_partition(row, w) for row in offsets]
     by_status: dict[PartitionStatus, list[int]] = {}
     for d in parts:
         by_status.setdefault(PartitionStatus(d["status"]), []).append(d["partition"])
@@ -230,42 +347,5 @@ def check_progress(
         "history_s": None if history_s is None else round(history_s, 1),
     }
     level = Level.worst([_PROGRESS_LEVEL[st] for st in by_status])
-    msgs, actions = [], []
-    if PartitionStatus.ERR in by_status:
-        msgs.append(
-            f"ERR on partition(s) {by_status[PartitionStatus.ERR]}: the cursor is below the earliest "
-            "offset, retention removed records the pipeline had not read"
-        )
-        actions.append("run the recovery DAG relay_recover (strategy earliest; dry-run first)")
-    if PartitionStatus.STOP in by_status:
-        msgs.append(
-            f"STOP on partition(s) {by_status[PartitionStatus.STOP]}: messages are waiting and nothing "
-            "reads them"
-        )
-        actions.append(DEPLOY)
-    if PartitionStatus.STOPPED in by_status:
-        msgs.append(
-            f"stopped on purpose: records wait on partition(s) {by_status[PartitionStatus.STOPPED]} "
-            "for the next deploy"
-        )
-    if PartitionStatus.STALL in by_status:
-        stuck = ", ".join(
-            f"[{d['partition']}] for "
-            + (fmt_s(d["stalled_s"]) if d["stalled_s"] is not None else f"over {fmt_s(window_s)}")
-            for d in parts
-            if d["status"] == PartitionStatus.STALL.value
-        )
-        msgs.append(
-            f"STALL on partition(s) {by_status[PartitionStatus.STALL]}: the job runs and records are "
-            f"waiting, but the cursor has not moved ({stuck})"
-        )
-        actions.append(f"read the driver log; if it hangs, {STOP} then {DEPLOY}")
-    if PartitionStatus.WARN in by_status:
-        msgs.append(
-            f"falling behind on partition(s) {by_status[PartitionStatus.WARN]}: the cursor moves but the "
-            "lag grows"
-        )
-        actions.append("raise RELAY_MAX_OFFSETS_PER_TRIGGER or the worker's cores, or lower the produce rate")
-    if not msgs:
-        msgs.append("every partition is caught up or moving" if parts else "no offsets to evaluate")
-    return Check("progress", level, "; ".join(msgs), data, "; ".join(actions) or None)
+    message, action = progress_text(by_status, parts, window_s)
+    return Check("progress", level, message, data, action)

@@ -1,4 +1,5 @@
-"""The vocabulary of a health report: levels, statuses, one check's finding, the report, tunables.
+"""The vocabulary of a health report: levels, statuses, one check's finding, the report, tunables,
+and the guard that makes a check that cannot run a finding.
 
 Kept apart from the checks so that every check module, the run and the Airflow notifier share one
 definition of what a finding is (and of what the summary an operator receives looks like).
@@ -6,11 +7,12 @@ definition of what a finding is (and of what the summary an operator receives lo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from relay.errors import OperationError
+from relay.errors import OperationError, RelayError
 
 REPORT_KIND = "health"
 DEPLOY = "run the DAG relay_deploy (or `relay deploy`)"
@@ -161,3 +163,17 @@ def fmt_s(seconds: float | None) -> str:
     if seconds >= 60:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.0f} s"
+
+
+def guard(name: str, fn: Callable[[], Check]) -> Check:
+    """A check that cannot run is a CRITICAL finding, never a crashed health run."""
+    try:
+        return fn()
+    except RelayError as exc:
+        return Check(
+            name,
+            Level.CRITICAL,
+            f"could not evaluate: {exc}",
+            {"error": str(exc)},
+            "check the component named in the message",
+        )

@@ -6,15 +6,14 @@ Each check is guarded: a component that is down becomes a CRITICAL finding, neve
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from typing import Any
 
 from relay.config import RelayConfig
-from relay.errors import KafkaError, RelayError
+from relay.errors import RelayError
 from relay.health.checks_airflow import airflow_status, check_airflow
 from relay.health.checks_batches import check_dead_letters, check_latency
-from relay.health.checks_instance import check_driver, check_single_instance
-from relay.health.checks_kafka import check_identity, check_lag, check_retention
-from relay.health.checks_progress import check_progress, cursor_moves, earliest_rates, produce_rates
+from relay.health.checks_driver import check_driver
+from relay.health.checks_instance import check_single_instance
 from relay.health.checks_standby import check_standby
 from relay.health.report import (
     REFUSAL_WINDOW_S,
@@ -24,26 +23,14 @@ from relay.health.report import (
     Level,
     RunState,
     Thresholds,
+    guard,
 )
-from relay.health.views import Views, gather, identity_changes, retention_ms_of
+from relay.health.run_kafka import kafka_checks
+from relay.health.views import Views, gather
 from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
 from relay.operations.heal import Relaunch
 from relay.operations.inventory import Inventory
-
-
-def _guard(name: str, fn: Callable[[], Check]) -> Check:
-    """A check that cannot run is a CRITICAL finding, never a crashed health run."""
-    try:
-        return fn()
-    except RelayError as exc:
-        return Check(
-            name,
-            Level.CRITICAL,
-            f"could not evaluate: {exc}",
-            {"error": str(exc)},
-            "check the component named in the message",
-        )
 
 
 def _self_heal_check(healed: list[Relaunch]) -> Check:
@@ -99,35 +86,55 @@ def run_health(
     )
     checks, run_state = _instance_checks(config, ledger, v, th)
     checks += _standby_checks(config, ledger, v, heal)
-    checks += _kafka_checks(config, ledger, v, th, run_state, retention_ms)
-    checks.append(
-        _guard(
-            "latency",
-            lambda: check_latency(
-                v.batches,
-                config.trigger_seconds,
-                now,
-                th.window_s,
-                th.latency_critical_factor,
-                lag=_total_lag(v.offsets),
-                fixed_size=config.max_offsets_per_trigger,
-            ),
-        )
-    )
-    if airflow_url is None and config.airflow_supervised:
-        airflow_url = config.airflow_url
-    if airflow_url is not None:
-        checks.append(check_airflow(airflow_url, *airflow_status(airflow_url)))
+    checks += kafka_checks(config, ledger, v, th, run_state, retention_ms)
+    checks.append(_latency_check(config, v, th))
+    checks += _airflow_checks(config, airflow_url)
     dead_count = ledger.dead_letter_count(config.pipeline)
     last_report = v.previous[0] if v.previous else None
-    checks.append(_guard("dead_letters", lambda: check_dead_letters(dead_count, last_report)))
+    checks.append(guard("dead_letters", lambda: check_dead_letters(dead_count, last_report)))
+    report = HealthReport(
+        config.pipeline, now, _status(checks, run_state), checks, _report_data(v, run_state, dead_count)
+    )
+    if persist:
+        _persist(ledger, report)
+    return report
 
-    down = run_state is RunState.DOWN
+
+def _latency_check(config: RelayConfig, v: Views, th: Thresholds) -> Check:
+    """Batch latency against the trigger, told how far behind the pipeline is (catching up is slow)."""
+    return guard(
+        "latency",
+        lambda: check_latency(
+            v.batches,
+            config.trigger_seconds,
+            v.now,
+            th.window_s,
+            th.latency_critical_factor,
+            lag=_total_lag(v.offsets),
+            fixed_size=config.max_offsets_per_trigger,
+        ),
+    )
+
+
+def _airflow_checks(config: RelayConfig, airflow_url: str | None) -> list[Check]:
+    """Airflow at ``airflow_url``, else the embedded stack's when its supervisor runs it; none otherwise."""
+    if airflow_url is None and config.airflow_supervised:
+        airflow_url = config.airflow_url
+    if airflow_url is None:
+        return []
+    return [check_airflow(airflow_url, *airflow_status(airflow_url))]
+
+
+def _status(checks: list[Check], run_state: RunState) -> Level:
+    """The worst finding; a job that is DOWN is at least WARN even when every finding is OK."""
     status = Level.worst([c.level for c in checks])
-    if down and status is Level.OK:
-        status = Level.WARN
-    data = {
-        "down": down,
+    return Level.WARN if run_state is RunState.DOWN and status is Level.OK else status
+
+
+def _report_data(v: Views, run_state: RunState, dead_count: int) -> dict[str, Any]:
+    """The report's own details: what runs, and the Kafka view the checks were judged on."""
+    return {
+        "down": run_state is RunState.DOWN,
         "run_state": run_state.value,
         "dead_letters": dead_count,
         "offsets": v.offsets,
@@ -135,10 +142,6 @@ def run_health(
         "cursor_timestamps": v.timestamps or {},
         "timestamps_error": v.timestamps_error,
     }
-    report = HealthReport(config.pipeline, now, status, checks, data)
-    if persist:
-        _persist(ledger, report)
-    return report
 
 
 def _standby_checks(config: RelayConfig, ledger: Ledger, v: Views, heal: bool) -> list[Check]:
@@ -186,7 +189,7 @@ def _instance_checks(
     """Single instance (and what runs: the run state the other checks read), self-heal, driver."""
     pipeline, now = config.pipeline, v.now
     refusals = ledger.refusals(pipeline, now - REFUSAL_WINDOW_S)
-    single = _guard(
+    single = guard(
         "single_instance",
         lambda: check_single_instance(
             pipeline, v.inventory, v.instances, v.attempts, now, refusals, v.last_commit
@@ -198,7 +201,7 @@ def _instance_checks(
     live_ids = {i.id for i in v.inventory.live}
     productive = set().union(*(ledger.productive_attempts(i) for i in live_ids))
     checks.append(
-        _guard(
+        guard(
             "driver",
             lambda: check_driver(
                 v.instances, v.attempts, live_ids, now, th.crash_window_s, th.crash_attempts, productive
@@ -206,82 +209,6 @@ def _instance_checks(
         )
     )
     return checks, RunState(single.data.get("status", RunState.UNKNOWN.value))
-
-
-def _kafka_checks(
-    config: RelayConfig,
-    ledger: Ledger,
-    v: Views,
-    th: Thresholds,
-    run_state: RunState,
-    retention_ms: int | None,
-) -> list[Check]:
-    """Progress, lag, topic identity and retention; or why Kafka could not be evaluated."""
-    if v.missing_topic:
-        return [_missing_topic(config, v.kafka_error or "", deployed=bool(v.instances))]
-    if v.kafka_error:
-        return [
-            Check(
-                "kafka",
-                Level.CRITICAL,
-                f"Kafka unreachable: {v.kafka_error}; progress, lag and "
-                "retention were not evaluated (the job cannot read either)",
-                {"error": v.kafka_error},
-                f"check the broker at {config.kafka_bootstrap}",
-            )
-        ]
-    now, offsets, waiting, topic = v.now, v.offsets, v.waiting, config.topic
-    checks = [
-        _guard(
-            "progress",
-            lambda: check_progress(
-                offsets, v.batches, v.samples, run_state, now, th.window_s, v.active_since, topic, waiting
-            ),
-        ),
-        _stopped_lag(offsets)
-        if run_state is RunState.STOPPED
-        else _guard(
-            "lag",
-            lambda: check_lag(
-                offsets,
-                v.batches,
-                now,
-                th.window_s,
-                th.lag_warn_records,
-                th.lag_warn_seconds,
-                topic,
-                waiting,
-                config.trigger_seconds,
-            ),
-        ),
-    ]
-    config_error = None
-    if v.live_kafka:
-        checks.append(
-            _guard("topic_identity", lambda: check_identity(identity_changes(config, ledger), topic))
-        )
-        if retention_ms is None:
-            try:
-                retention_ms = retention_ms_of(config)
-            except KafkaError as exc:
-                config_error = str(exc)
-    consume = {p: n / th.window_s for p, n in cursor_moves(v.batches, topic, now - th.window_s).items()}
-    checks.append(
-        _guard(
-            "retention",
-            lambda: check_retention(
-                offsets,
-                retention_ms,
-                produce_rates(offsets, v.samples, now),
-                earliest_rates(offsets, v.samples, now),
-                consume,
-                th.interval_s,
-                config_error,
-                waiting,
-            ),
-        )
-    )
-    return checks
 
 
 def _persist(ledger: Ledger, report: HealthReport) -> None:
@@ -301,33 +228,3 @@ def _persist(ledger: Ledger, report: HealthReport) -> None:
             )
         )
         report.status = Level.CRITICAL
-
-
-def _stopped_lag(offsets: list[dict]) -> Check:
-    """A pipeline stopped on purpose falls behind by design: its lag is reported, never paged."""
-    waiting = sum(int(r.get("lag") or 0) for r in offsets)
-    return Check(
-        "lag", Level.OK, f"not evaluated: stopped on purpose, {waiting:,} record(s) wait", {"lag": waiting}
-    )
-
-
-def _missing_topic(config: RelayConfig, error: str, deployed: bool) -> Check:
-    """The broker answers but the topic is gone: before any deploy that is the normal start (WARN); once
-    the pipeline has run, someone deleted the topic its offsets belong to (CRITICAL)."""
-    if not deployed:
-        return Check(
-            "kafka",
-            Level.WARN,
-            f"topic {config.topic!r} does not exist yet and the pipeline was never deployed; "
-            "progress, lag and retention start with the first deploy",
-            {"error": error, "topic": config.topic},
-            "create the topic (or produce to it), then `relay deploy` / the relay_deploy DAG",
-        )
-    return Check(
-        "kafka",
-        Level.CRITICAL,
-        f"topic {config.topic!r} does not exist, but the pipeline has run on it: the topic was deleted "
-        "(or RELAY_TOPIC is mistyped); its offsets in the ledger no longer match anything",
-        {"error": error, "topic": config.topic},
-        f"check the topic on {config.kafka_bootstrap}; if it was recreated, plan `relay recover`",
-    )
