@@ -26,6 +26,16 @@ token). Without that connection the alert is logged at ERROR in the task's log. 
 the XCom/log. Lag in seconds says how it was measured (`record_timestamp`: age of the oldest unapplied
 record, read at the cursor; `consume_rate`: lag / the rate while recent batches ran).
 
+**Autoscale** (a pipeline's `[pipelines.<name>.autoscale]` table; off without one): after the
+checks, one mapped `autoscale` task per pipeline applies its lag policy to the persisted reports:
+behind more than `lag_seconds` in the last `runs` checks moves it to one executor more (up to
+`max_executors`, when the cluster has room), caught up and mostly idle for `idle_runs` checks to
+one fewer; the move is the upgrade's exact handoff to the same version (`relay scale`). Every
+decision is recorded and shown by the next check's `autoscale` finding. It runs whatever the checks
+found (`all_done`), within the 4 minutes of every task here (a scale takes 1-2): one cut short stays
+in the ledger as an upgrade in progress, which `relay upgrade` (or `relay_upgrade`) resumes, and the
+policy holds until then.
+
 **Retries: 1** (after 30 s), safe because a health check only reads (plus one report row): it covers
 a transient error such as a broker or master that did not answer. `catchup=False` and
 `max_active_runs=1`: a missed check is not worth running late, and checks never overlap. Each run
@@ -68,4 +78,25 @@ with relay_dag(
             raise HealthCriticalError(report.to_json())
         return report.to_json()
 
-    check_health.expand(pipeline=pipeline_names()[0])
+    @task(
+        execution_timeout=timedelta(minutes=4),
+        map_index_template="{{ relay_pipeline }}",
+        trigger_rule="all_done",
+    )
+    def autoscale(pipeline: str) -> dict:
+        """The pipeline's lag policy on its last checks: a decision recorded, a scale when it says so."""
+        from airflow.sdk import get_current_context
+        from relay.operations.autoscale import autoscale as apply_policy
+        from relay_airflow.config import relay_config_from_connections, secrets_from_variables
+
+        get_current_context()["relay_pipeline"] = pipeline
+        config = relay_config_from_connections(pipeline=pipeline)
+        if config.autoscale is None:
+            return {"pipeline": pipeline, "action": "off"}
+        secrets_from_variables(config)  # a scale submits a driver like a deploy
+        decision = apply_policy(config, progress=log.info)
+        log.info("autoscale %s: %s", pipeline, decision)
+        return decision
+
+    names = pipeline_names()[0]
+    check_health.expand(pipeline=names) >> autoscale.expand(pipeline=names)

@@ -192,6 +192,8 @@ def test_health_run_checks_every_pipeline_labelled_by_name(tmp_path: Path) -> No
     marked = [line[4:] for line in result.stdout.splitlines() if line.startswith("TIS=")]
     assert marked, (result.stdout + result.stderr)[-4000:]
     assert json.loads(marked[-1]) == [
+        ["autoscale", 0, "alpha", "success"],  # no autoscale table: off, whatever the checks found
+        ["autoscale", 1, "beta", "success"],
         ["check_health", 0, "alpha", "failed"],
         ["check_health", 1, "beta", "failed"],
     ]

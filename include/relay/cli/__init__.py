@@ -70,6 +70,13 @@ def cmd_standby(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     return {"pipeline": cfg.pipeline, **standby, "failovers": failovers(ledger, cfg.pipeline)}
 
 
+def cmd_autoscale(cfg: RelayConfig, a: argparse.Namespace) -> Any:
+    """The lag policy's decision on the last health checks, and the scale it asks for (not with --plan)."""
+    from relay.operations.autoscale import autoscale
+
+    return autoscale(cfg, progress=_say, act=not a.plan)
+
+
 def cmd_new(cfg: RelayConfig, a: argparse.Namespace) -> Any:
     """``new pipeline NAME``: the package written, declared in the pipelines file, the next commands."""
     import os
@@ -249,6 +256,7 @@ COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], Any]] = {
     "health": cmd_health,
     "pipelines": cmd_pipelines,
     "standby": cmd_standby,
+    "autoscale": cmd_autoscale,
     "new": cmd_new,
     "scale": cmd_scale,
     "metrics": cmd_metrics,

@@ -145,6 +145,8 @@ def build_parser(commands: dict[str, Any]) -> argparse.ArgumentParser:
     me.add_argument("--host", default="127.0.0.1")
     me.add_argument("--port", type=int_at_least(1, MAX_PORT), default=9464)
     sub.add_parser("standby", help='start a hot standby if the pipeline wants one (standby = "hot")')
+    au = sub.add_parser("autoscale", help="apply the pipeline's lag policy once (its autoscale table)")
+    au.add_argument("--plan", action="store_true", help="record and print the decision, scale nothing")
     nw = sub.add_parser("new", help="write a pipeline package to start from, declared in the pipelines file")
     nw.add_argument("what", choices=["pipeline"])
     nw.add_argument("name", help="the pipeline's name (lower-case letters, digits, '_'), its folder's too")

@@ -52,6 +52,22 @@ def named_limits(raw: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class AutoscalePolicy:
+    """When the health check moves a pipeline to more or fewer executors (``relay.operations.autoscale``;
+    the pipelines file's ``[pipelines.<name>.autoscale]``, off without it)."""
+
+    max_executors: int
+    min_executors: int = 1
+    lag_seconds: float = 60.0
+    """Scale up when the worst partition was more than this behind in each of the last ``runs`` checks."""
+    runs: int = 3
+    idle_runs: int = 12
+    """Scale down when the last ``idle_runs`` checks found the pipeline caught up and its batches
+    busy less than ``busy_below`` of that time: one executor fewer would still keep up."""
+    busy_below: float = 0.3
+
+
+@dataclass(frozen=True)
 class PipelineSettings:
     """One pipeline's own settings (the same stack runs several, each with its own)."""
 
@@ -92,6 +108,8 @@ class PipelineSettings:
     """The pipelines file this pipeline was declared in (None: the environment's single pipeline).
     With a file, each pipeline's artifacts live in ``pipelines/<pipeline>/artifacts/`` (see
     relay.artifacts.artifacts_dir); checkpoints are per pipeline either way."""
+    autoscale: AutoscalePolicy | None = None
+    """The lag policy of the health check (None: off, the default): relay.operations.autoscale."""
     limits_from_env: tuple[str, ...] = ()
     """Which of ``max_offsets_per_trigger`` / ``trigger_seconds`` the environment set
     (``RELAY_MAX_OFFSETS_PER_TRIGGER`` / ``RELAY_TRIGGER_SECONDS``)."""

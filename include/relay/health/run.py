@@ -11,6 +11,7 @@ from typing import Any
 from relay.config import RelayConfig
 from relay.errors import RelayError
 from relay.health.checks_airflow import airflow_status, check_airflow
+from relay.health.checks_autoscale import check_autoscale
 from relay.health.checks_batches import check_dead_letters, check_latency
 from relay.health.checks_driver import check_driver
 from relay.health.checks_instance import check_single_instance
@@ -29,6 +30,7 @@ from relay.health.run_kafka import kafka_checks
 from relay.health.views import Views, gather
 from relay.ledger.models import Instance
 from relay.ledger.store import Ledger
+from relay.operations.autoscale import REPORT_KIND as AUTOSCALE_REPORT
 from relay.operations.heal import Relaunch
 from relay.operations.inventory import Inventory
 
@@ -86,6 +88,11 @@ def run_health(
     )
     checks, run_state = _instance_checks(config, ledger, v, th)
     checks += _standby_checks(config, ledger, v, heal)
+    if config.autoscale is not None:
+        last = ledger.reports(config.pipeline, AUTOSCALE_REPORT, 1)
+        checks.append(
+            guard("autoscale", lambda: check_autoscale(config.autoscale, last[0] if last else None))
+        )
     checks += kafka_checks(config, ledger, v, th, run_state, retention_ms)
     checks.append(_latency_check(config, v, th))
     checks += _airflow_checks(config, airflow_url)

@@ -15,6 +15,8 @@ from the environment, exactly as before::
     max_offsets_per_trigger = 20000
     trigger_seconds = 1.0
     standby = "hot"                   # optional: a hot standby takes over a dead driver in seconds
+    [pipelines.experience.autoscale]  # optional: the health check scales by lag (off without it)
+    max_executors = 3
 
     [pipelines.json_upsert]
     topic = "json_upsert"
@@ -42,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.config import BATCH_LIMITS, STANDBY_MODES, standby_mode
-from relay.config.bounds import MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
+from relay.config import BATCH_LIMITS, STANDBY_MODES, AutoscalePolicy, standby_mode
+from relay.config.bounds import MAX_CORES, MAX_OFFSETS_PER_TRIGGER, MAX_TRIGGER_S, finite_between
 from relay.errors import ConfigError
 
 PIPELINES_FILE_ENV = "RELAY_PIPELINES_FILE"
@@ -62,6 +64,7 @@ PIPELINE_KEYS = (
     "trigger_seconds",
     "standby",
     "spark",
+    "autoscale",
 )
 #: ``[pipelines.<name>.spark]`` key -> (RelayConfig field, kind). Defaults: RelayConfig's.
 SPARK_KEYS = {
@@ -200,6 +203,8 @@ def _pipeline(path: Path, name: str, table: Mapping[str, Any]) -> dict[str, Any]
         out["standby"] = standby_mode(table["standby"], f"{path}: {where}.standby")
     if "spark" in table:
         out.update(_spark(path, where, table["spark"]))
+    if "autoscale" in table:
+        out["autoscale"] = _autoscale(path, where, table["autoscale"])
     # the operator's, so they beat the package's values (see the module's docstring)
     out["limits_from_file"] = tuple(k for k in BATCH_LIMITS if k in table)
     return out
@@ -262,3 +267,40 @@ def load_pipelines_file(env: Mapping[str, str] | None, data_dir: Path) -> Pipeli
     env = os.environ if env is None else env
     path = pipelines_file_path(env, data_dir)
     return read_pipelines_file(path) if path is not None else None
+
+
+AUTOSCALE_KEYS = ("max_executors", "min_executors", "lag_seconds", "runs", "idle_runs", "busy_below")
+
+
+def _autoscale(path: Path, where: str, table: Any) -> AutoscalePolicy:
+    """``[pipelines.<name>.autoscale]``: ``max_executors`` required, the rest AutoscalePolicy's defaults."""
+    where = f"{where}.autoscale"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {where} must be a table ([{where}])")
+    _unknown(path, where, table, AUTOSCALE_KEYS)
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{path}: {where}.{key} {why}, got {table[key]!r}")
+
+    if "max_executors" not in table:
+        raise ConfigError(f"{path}: {where}: max_executors is required (the most the policy may use)")
+    most = _integer(table, "max_executors", 1, bad, None, MAX_CORES)
+    least = _integer(table, "min_executors", 1, bad, 1, most)
+    defaults = AutoscalePolicy(most)
+    numbers: dict[str, float] = {}
+    for key, low, high in (("lag_seconds", 1.0, MAX_TRIGGER_S * 24), ("busy_below", 0.01, 0.9)):
+        value = table.get(key, getattr(defaults, key))
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not finite_between(value, low, high)
+        ):
+            raise bad(key, f"must be a number in [{low:g}, {high:g}]")
+        numbers[key] = float(value)
+    return AutoscalePolicy(
+        max_executors=most,
+        min_executors=least,
+        runs=_integer(table, "runs", 1, bad, defaults.runs, 100),
+        idle_runs=_integer(table, "idle_runs", 1, bad, defaults.idle_runs, 1000),
+        **numbers,
+    )
