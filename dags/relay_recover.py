@@ -70,6 +70,7 @@ from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.approval import RecoveryApprovalOperator
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.operators.operation_step import OperationStepOperator
 from relay_airflow.tasks import recover as steps
 from relay_airflow.tasks import stop as stops
 
@@ -112,5 +113,10 @@ with relay_dag(
         complete=steps.wait_complete,
         execution_timeout=timedelta(minutes=20),
     )
-    audit = task(task_id="audit", execution_timeout=timedelta(minutes=10), outlets=[PIPELINES])(steps.audit)()
+    audit = OperationStepOperator(
+        task_id="audit",
+        python_callable=steps.audit,
+        execution_timeout=timedelta(minutes=10),
+        outlets=[PIPELINES],
+    )
     plan >> approve >> opened >> stop >> verify >> execute >> wait >> audit

@@ -66,6 +66,7 @@ from relay.config.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PAT
 from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.operators.operation_step import OperationStepOperator
 from relay_airflow.tasks import upgrade as steps
 
 with relay_dag(
@@ -158,7 +159,12 @@ with relay_dag(
         complete=steps.verify_complete,
         execution_timeout=short,
     )
-    audit = task(task_id="audit", execution_timeout=timedelta(minutes=30), outlets=[PIPELINES])(steps.audit)()
+    audit = OperationStepOperator(
+        task_id="audit",
+        python_callable=steps.audit,
+        execution_timeout=timedelta(minutes=30),
+        outlets=[PIPELINES],
+    )
     (
         plan
         >> start_green
