@@ -32,7 +32,8 @@ The steps of `relay recover` (`relay.operations.recover`, `recover_steps`), one 
 * **wait_first_commit** (deferred: no worker held) for the new instance (300 s) -> EXECUTED; a driver
   that dies first ends the recovery FAILED.
 * **audit**: the ledger audit must be clean (declared gaps count as accounted for); then the asset
-  event `relay://<pipeline>` with extra `{"version", "instance", "operation": "recovery"}`.
+  event on the sink's dataset with extra `{"pipeline", "version", "instance", "operation": "recovery"}`,
+  and lineage (see below).
 
 The pipeline's results (the count) live in the ledger and are untouched.
 
@@ -55,6 +56,11 @@ opened (by the run's key) instead of opening another; `stop`, `verify_none_runs`
 Clearing `approve` asks again (only before `open_recovery` ran).
 
 **Retries: 0** (an operator decides after a failure; the plan is always safe to re-run).
+
+**Assets and lineage:** the asset is what the pipeline writes, by its AIP-60 URI
+(`postgres://host:port/db/schema/table`, `kafka://host:port/topic`; `relay://<pipeline>` for a
+`ForEachBatch`); with an `[openlineage]` transport set, the task's OpenLineage events name the input
+topic, that dataset, the version and its code hash (docs/operations.md, "Lineage and assets").
 
 A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
 `relay_health`; logged at ERROR without it).
