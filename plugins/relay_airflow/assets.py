@@ -17,6 +17,7 @@ pipeline-level asset ``relay://<pipeline>`` instead, the one name Relay can give
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
@@ -25,6 +26,7 @@ from relay.config import RelayConfig
 from relay_airflow.lineage import OperationLineage, operation_lineage
 
 PIPELINES = AssetAlias("relay-pipelines")
+log = logging.getLogger("airflow.task")
 
 
 def pipeline_asset(pipeline: str) -> Asset:
@@ -42,7 +44,13 @@ def emit_pipeline_event(
 ) -> dict[str, Any]:
     """Record "``pipeline`` now runs ``version`` as instance ``instance_id``": the task's asset event,
     and on the task the lineage its OpenLineage ``on_complete`` reports (``relay_airflow.lineage``)."""
-    record = operation_lineage(config, version, operation)
+    try:
+        record: OperationLineage | None = operation_lineage(config, version, operation)
+    except Exception as exc:  # noqa: BLE001 - naming what it wrote must never fail the operation
+        log.warning(
+            "lineage of %s %s: %s; the event goes to the pipeline's asset", config.pipeline, version, exc
+        )
+        record = None
     body = {
         "pipeline": config.pipeline,
         "version": version,
@@ -50,7 +58,8 @@ def emit_pipeline_event(
         "operation": operation,
         **extra,
     }
-    context["outlet_events"][PIPELINES].add(operation_asset(record), extra=body)
+    asset = operation_asset(record) if record is not None else pipeline_asset(config.pipeline)
+    context["outlet_events"][PIPELINES].add(asset, extra=body)
     task = context.get("task")
     if task is not None:
         task.relay_lineage = record

@@ -30,7 +30,6 @@ import attr
 from openlineage.client.event_v2 import InputDataset, OutputDataset
 from openlineage.client.facet_v2 import JobFacet
 from relay.config import RelayConfig
-from relay.errors import RelayError
 from relay.pipeline.datasets import DatasetRef, kafka_topic, sink_dataset
 
 log = logging.getLogger("airflow.task")
@@ -103,20 +102,11 @@ class RelayLineage:
     """Set by the task when the operation is done (``relay_airflow.assets.emit_pipeline_event``)."""
 
     def get_openlineage_facets_on_start(self) -> Any:
-        """At start only the input is sure (the version and sink are known when the step is done)."""
+        """Nothing at start: the provider asks before the task has its context (the run's
+        ``pipeline`` param), and the version and its sink are known only once the step is done."""
         from airflow.providers.openlineage.extractors import OperatorLineage
 
-        try:
-            from airflow.sdk import get_current_context
-
-            from relay_airflow.config import relay_config_from_connections, selected_pipeline
-
-            config = relay_config_from_connections(pipeline=selected_pipeline(get_current_context()))
-            topic = kafka_topic(config.kafka_bootstrap, config.topic)
-        except (RelayError, RuntimeError, KeyError) as exc:
-            log.info("no lineage at start: %s", exc)
-            return OperatorLineage()
-        return OperatorLineage(inputs=[InputDataset(topic.namespace, topic.name)])
+        return OperatorLineage()
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:  # noqa: ARG002 - the provider's signature
         return to_operator_lineage(self.relay_lineage)
@@ -133,7 +123,7 @@ def resolve_sink(config: RelayConfig, version: str) -> DatasetRef | None:
     failure here never fails the operation: the lineage just has no output (logged).
     """
     from relay.artifacts import artifact
-    from relay.pipeline import PipelineError, load_pipeline
+    from relay.pipeline import load_pipeline
 
     art = artifact(config, version)
     module = (art.pipeline or {}).get("module")
@@ -144,7 +134,7 @@ def resolve_sink(config: RelayConfig, version: str) -> DatasetRef | None:
         with _imported_from(art.zip_file, module.split(".")[0]), _env({LEDGER_URL_ENV: config.ledger_url}):
             sink = load_pipeline(module).build_sink()
             return sink_dataset(sink)
-    except (PipelineError, RelayError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything; lineage never fails a task
         log.warning("lineage: the sink of %s %s is not named: %s", config.pipeline, version, exc)
         return None
 

@@ -21,6 +21,7 @@ the providers' normalisers add it. Pure string work: no Airflow, no OpenLineage 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -29,6 +30,7 @@ from relay.errors import ConfigError
 
 KAFKA_PORT = 9092
 POSTGRES_PORT = 5432
+_HOST = re.compile(r"^[A-Za-z0-9._:%-]+$")  # a DNS name, IPv4, or IPv6 (no brackets)
 DEFAULT_SCHEMA = "public"  # a table named without a schema lands in the default search_path's first
 
 
@@ -50,7 +52,7 @@ def _host_port(netloc_or_server: str, default_port: int) -> tuple[str, int]:
     except ValueError as exc:
         raise ConfigError(f"not a host:port: {netloc_or_server.rpartition('@')[2]!r}") from exc
     host = parsed.hostname or ""
-    if not host:
+    if not _HOST.match(host):
         raise ConfigError(f"no host in {netloc_or_server.rpartition('@')[2]!r}")
     if ":" in host:  # an IPv6 literal keeps its brackets in a URI authority
         host = f"[{host}]"
