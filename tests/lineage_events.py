@@ -20,6 +20,30 @@ from relay.config import PROJECT_ROOT
 SCHEMAS = PROJECT_ROOT / "tests" / "data" / "openlineage"
 RELAY_FACET = PROJECT_ROOT / "plugins" / "relay_airflow" / "facets" / "RelayJobFacet.json"
 CORE_ID = "https://openlineage.io/spec/2-0-2/OpenLineage.json"
+PROVIDER_FACETS = {  # (run | job, key) -> the provider's own schema of that facet (it ships them)
+    ("run", "airflow"): "AirflowRunFacet",
+    ("run", "airflowDagRun"): "AirflowDagRunFacet",
+    ("run", "airflowState"): "AirflowStateRunFacet",
+    ("run", "debug"): "AirflowDebugRunFacet",
+    ("job", "airflow"): "AirflowJobFacet",
+}
+"""The provider's facets stamp the core ``RunFacet``/``JobFacet`` URL as their ``_schemaURL`` (that is
+what :func:`problems` checks); their own schemas (no ``$id``) come with the installed provider and
+are checked apart (:func:`provider_drift`): provider 2.20.3's facets do not all match them."""
+KNOWN_PROVIDER_DRIFT = {
+    "run.airflow (AirflowRunFacet): 'start_date' is a required property at ['dag']",
+    "run.airflow (AirflowRunFacet): 'pool' is a required property at ['taskInstance']",
+    "run.airflow (AirflowRunFacet): 0 is not of type 'boolean' at ['task', 'retry_exponential_backoff']",
+    "run.airflowDagRun (AirflowDagRunFacet): 'start_date' is a required property at ['dag']",
+}
+"""Where apache-airflow-providers-openlineage 2.20.3's own facets break the schemas it ships (Airflow 3
+DAGs have no start_date, its task instances no pool here, a numeric backoff): upstream's, not Relay's."""
+
+
+def _provider_schema(name: str) -> dict[str, Any]:
+    import airflow.providers.openlineage as provider
+
+    return json.loads((Path(provider.__file__).parent / "facets" / f"{name}.json").read_text())
 
 
 def _registry() -> Registry:
@@ -67,6 +91,21 @@ def problems(event: dict[str, Any]) -> list[str]:
             found.append(f"{where}: {exc}")
             continue
         found += [f"{where}: {e.message} at {list(e.absolute_path)}" for e in validator.iter_errors(facet)]
+    return found
+
+
+def provider_drift(event: dict[str, Any]) -> set[str]:
+    """Where the provider's own facets of ``event`` break the schemas the provider ships."""
+    found: set[str] = set()
+    for where, facet in _facets(event):
+        own = PROVIDER_FACETS.get(tuple(where.split(".", 1)))  # type: ignore[arg-type]
+        if own is None:
+            continue
+        schema = {"$defs": _provider_schema(own)["$defs"], "$ref": f"#/$defs/{own}"}
+        checker = Draft202012Validator(schema, registry=REGISTRY, format_checker=FormatChecker())
+        found |= {
+            f"{where} ({own}): {e.message} at {list(e.absolute_path)}" for e in checker.iter_errors(facet)
+        }
     return found
 
 
