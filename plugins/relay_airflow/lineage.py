@@ -11,7 +11,11 @@ operation started (:class:`OperationLineage`) on itself; its ``on_complete`` tur
 * output: the sink's dataset (``relay.pipeline.datasets``), read from the sink the version's own
   code builds with the environment its driver gets (``secret_env`` values, the ledger URL); none for a
   ``ForEachBatch`` (its function decides where it writes, Relay cannot name it);
-* job facet ``relay`` (:class:`RelayJobFacet`): pipeline, version and the artifact's code hash.
+* job facet ``relay`` (``relay_airflow.facets.RelayJobFacet``): pipeline, version and the
+  artifact's code hash.
+
+Nothing here imports the OpenLineage client or provider at module level: they are an optional extra
+of Relay's provider package, and only the provider (when installed) calls these methods.
 """
 
 from __future__ import annotations
@@ -26,32 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import attr
-from openlineage.client.event_v2 import InputDataset, OutputDataset
-from openlineage.client.facet_v2 import JobFacet
 from relay.config import RelayConfig
 from relay.pipeline.datasets import DatasetRef, kafka_topic, sink_dataset
 
 log = logging.getLogger("airflow.task")
 
-FACET_SCHEMA_PATH = Path(__file__).parent / "facets" / "RelayJobFacet.json"
-FACET_SCHEMA_URL = "https://relay.invalid/spec/facets/1-0-0/RelayJobFacet.json#/$defs/RelayJobFacet"
-"""The facet's ``_schemaURL``: the ``$id`` of FACET_SCHEMA_PATH (shipped with the plugin; .invalid:
-no public copy yet, a consumer resolves it from this repository)."""
 LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # what the counter's sink reads on the driver
-
-
-@attr.define
-class RelayJobFacet(JobFacet):
-    """Which code the job put to work: the pipeline, its version label and the version's code hash."""
-
-    pipeline: str
-    version: str
-    codeHash: str | None = attr.field(default=None)  # noqa: N815 - the OpenLineage field name
-
-    @staticmethod
-    def _get_schema() -> str:
-        return FACET_SCHEMA_URL
 
 
 @dataclass(frozen=True)
@@ -84,6 +68,9 @@ def operation_lineage(config: RelayConfig, version: str, operation: str) -> Oper
 def to_operator_lineage(record: OperationLineage | None) -> Any:
     """The provider's ``OperatorLineage`` of ``record`` (empty without one)."""
     from airflow.providers.openlineage.extractors import OperatorLineage
+    from openlineage.client.event_v2 import InputDataset, OutputDataset
+
+    from relay_airflow.facets import RelayJobFacet
 
     if record is None:
         return OperatorLineage()

@@ -4,6 +4,7 @@ facets, Relay's own), and the sink of a version found from its artifact as its d
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -220,3 +221,27 @@ def test_the_asset_event_goes_to_the_sink_else_the_pipeline_and_never_fails_the_
     added, task = _emit(broken, "v2")
     assert [uri for uri, _ in added] == ["relay://orders/"] and task.relay_lineage is None
     assert task.get_openlineage_facets_on_complete(None).inputs == []
+
+
+def test_what_the_dags_import_needs_no_openlineage() -> None:
+    """OpenLineage is an optional extra of the provider package: the modules the DAG files import
+    must load without it (only the provider, when installed, calls the lineage methods)."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "import relay_airflow.assets, relay_airflow.operators.ledger_wait\n"
+        "import relay_airflow.operators.operation_step\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'openlineage'"
+        " or m.startswith(('airflow.providers.openlineage.extractors', 'relay_airflow.facets'))))\n"
+    )
+    env_path = f"{PROJECT_ROOT / 'plugins'}:{PROJECT_ROOT / 'include'}"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": env_path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
