@@ -15,7 +15,8 @@ The same steps as `relay deploy` (`relay.operations.deploy`), one task each:
   while the triggerer polls the ledger) until the first committed batch, up to `wait_seconds`; a
   driver that dies or keeps being relaunched fails it at once with the driver's own error.
 * **verify_single_instance** (deferrable): the master lists exactly the new application; then the
-  asset event `relay://<pipeline>` with extra `{"version", "instance", "operation": "deploy"}`.
+  asset event on the sink's dataset with extra `{"pipeline", "version", "instance", "operation":
+  "deploy"}`, and lineage (see below).
 
 **Params** (validated when triggered; a bad value is refused): `pipeline` (the pipeline the run
 acts on, one of the declared ones: see the README's "Several pipelines"), `version` (code version label as
@@ -31,6 +32,11 @@ the instance it started and fails with "already running"; deciding what to do is
 (`relay_stop`, then deploy again). Clearing a task of the same run is the safe retry.
 
 Addresses come from the connections `relay_spark`, `relay_kafka`, `relay_ledger` over `RELAY_*`.
+
+**Assets and lineage:** the asset is what the pipeline writes, by its AIP-60 URI
+(`postgres://host:port/db/schema/table`, `kafka://host:port/topic`; `relay://<pipeline>` for a
+`ForEachBatch`); with an `[openlineage]` transport set, the task's OpenLineage events name the input
+topic, that dataset, the version and its code hash (docs/operations.md, "Lineage and assets").
 
 A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
 `relay_health`; logged at ERROR without it).

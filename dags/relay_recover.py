@@ -32,7 +32,8 @@ The steps of `relay recover` (`relay.operations.recover`, `recover_steps`), one 
 * **wait_first_commit** (deferred: no worker held) for the new instance (300 s) -> EXECUTED; a driver
   that dies first ends the recovery FAILED.
 * **audit**: the ledger audit must be clean (declared gaps count as accounted for); then the asset
-  event `relay://<pipeline>` with extra `{"version", "instance", "operation": "recovery"}`.
+  event on the sink's dataset with extra `{"pipeline", "version", "instance", "operation": "recovery"}`,
+  and lineage (see below).
 
 The pipeline's results (the count) live in the ledger and are untouched.
 
@@ -56,6 +57,11 @@ Clearing `approve` asks again (only before `open_recovery` ran).
 
 **Retries: 0** (an operator decides after a failure; the plan is always safe to re-run).
 
+**Assets and lineage:** the asset is what the pipeline writes, by its AIP-60 URI
+(`postgres://host:port/db/schema/table`, `kafka://host:port/topic`; `relay://<pipeline>` for a
+`ForEachBatch`); with an `[openlineage]` transport set, the task's OpenLineage events name the input
+topic, that dataset, the version and its code hash (docs/operations.md, "Lineage and assets").
+
 A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
 `relay_health`; logged at ERROR without it).
 """
@@ -70,6 +76,7 @@ from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.approval import RecoveryApprovalOperator
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.operators.operation_step import OperationStepOperator
 from relay_airflow.tasks import recover as steps
 from relay_airflow.tasks import stop as stops
 
@@ -112,5 +119,10 @@ with relay_dag(
         complete=steps.wait_complete,
         execution_timeout=timedelta(minutes=20),
     )
-    audit = task(task_id="audit", execution_timeout=timedelta(minutes=10), outlets=[PIPELINES])(steps.audit)()
+    audit = OperationStepOperator(
+        task_id="audit",
+        python_callable=steps.audit,
+        execution_timeout=timedelta(minutes=10),
+        outlets=[PIPELINES],
+    )
     plan >> approve >> opened >> stop >> verify >> execute >> wait >> audit

@@ -30,7 +30,8 @@ handoff; records wait for one trigger of green, not for its start-up.
 * **stop_blue** (deferred): blue stops between batches, or is fenced and killed after 120 s.
 * **verify_single_instance** (deferred): the master lists only green's application.
 * **audit**: the upgrade's window audited offset by offset (duplicates, gaps) -> DONE; the asset event
-  `relay://<pipeline>` with extra `{"version", "instance": green, "operation": "upgrade"}`.
+  on the sink's dataset with extra `{"pipeline", "version", "instance": green, "operation": "upgrade"}`,
+  and lineage (see below).
 
 No record is applied twice and none is skipped. An upgrade that ends ABORTED or FAILED fails the task
 that saw it and the rest of the run; `relay status` shows the last upgrades and their figures (time
@@ -52,6 +53,11 @@ cutover gate; `max_lag` empty = one batch, maxOffsetsPerTrigger), `drain_timeout
 
 **Retries: 1.** Safe: a retry reruns the step, which resumes the persisted upgrade where it stopped.
 
+**Assets and lineage:** the asset is what the pipeline writes, by its AIP-60 URI
+(`postgres://host:port/db/schema/table`, `kafka://host:port/topic`; `relay://<pipeline>` for a
+`ForEachBatch`); with an `[openlineage]` transport set, the task's OpenLineage events name the input
+topic, that dataset, the version and its code hash (docs/operations.md, "Lineage and assets").
+
 A failed task is alerted by `RelayAlertNotifier` through the connection `relay_alerts` (see
 `relay_health`; logged at ERROR without it).
 """
@@ -66,6 +72,7 @@ from relay.config.inputs import HANDOFF_PATTERN, VERSION_MAX_LENGTH, VERSION_PAT
 from relay_airflow.assets import PIPELINES
 from relay_airflow.dag_factory import pipeline_param, relay_dag
 from relay_airflow.operators.ledger_wait import LedgerWaitOperator
+from relay_airflow.operators.operation_step import OperationStepOperator
 from relay_airflow.tasks import upgrade as steps
 
 with relay_dag(
@@ -158,7 +165,12 @@ with relay_dag(
         complete=steps.verify_complete,
         execution_timeout=short,
     )
-    audit = task(task_id="audit", execution_timeout=timedelta(minutes=30), outlets=[PIPELINES])(steps.audit)()
+    audit = OperationStepOperator(
+        task_id="audit",
+        python_callable=steps.audit,
+        execution_timeout=timedelta(minutes=30),
+        outlets=[PIPELINES],
+    )
     (
         plan
         >> start_green

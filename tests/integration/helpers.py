@@ -191,11 +191,17 @@ def _marked(stdout: str, marker: str) -> str | None:
     return found[-1] if found else None
 
 
-def dag_test(config: RelayConfig, dag_id: str, conf: dict) -> DagTest:
-    """``dag.test(run_conf=conf)`` in a subprocess (Airflow's settings are process-global)."""
+def dag_test(config: RelayConfig, dag_id: str, conf: dict, env: dict[str, str] | None = None) -> DagTest:
+    """``dag.test(run_conf=conf)`` in a subprocess (Airflow's settings are process-global); ``env``
+    adds to its environment (an ``[openlineage]`` transport)."""
     cmd = [sys.executable, "-c", RUNNER, str(PROJECT_ROOT / "dags"), dag_id, json.dumps(conf)]
     result = subprocess.run(
-        cmd, env=airflow_env(config), capture_output=True, text=True, timeout=900, check=False
+        cmd,
+        env={**airflow_env(config), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
     )
     output = result.stdout + result.stderr
     state = _marked(result.stdout, "DAG_RUN_STATE=")

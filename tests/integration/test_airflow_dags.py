@@ -23,6 +23,7 @@ from relay.ledger.store import Ledger
 from relay.operations.deploy import deploy
 from relay.operations.inventory import master_apps
 from relay.operations.stop import stop
+from relay.sinks.ledger_messages import LedgerMessagesSink
 from relay_dev.airflow_local import (
     AirflowApi,
     ApiAnswer,
@@ -74,12 +75,18 @@ def test_deploy_then_refuse_a_second_deploy_then_stop(dags_config: RelayConfig) 
     instances = ledger.instances(config.pipeline)
     assert len(instances) == 1 and instances[0].state.value == "ACTIVE"
     assert [a.name for a in master_apps(config, config.pipeline)] == [instances[0].app_name]
-    # "pipeline X now runs v1": one asset event a downstream DAG can be scheduled on.
+    # "the counter's table is now written by v1": one asset event, on what the pipeline writes (the
+    # counter on the stack's SQLite ledger: its database file), a downstream DAG can be scheduled on.
     assert run.asset_events == [
         {
-            "uri": f"relay://{config.pipeline}/",
+            "uri": LedgerMessagesSink(config.ledger_url).dataset().uri,
             "task_id": "verify_single_instance",
-            "extra": {"version": "v1", "instance": instances[0].id, "operation": "deploy"},
+            "extra": {
+                "pipeline": config.pipeline,
+                "version": "v1",
+                "instance": instances[0].id,
+                "operation": "deploy",
+            },
         }
     ]
 
@@ -231,9 +238,14 @@ def test_recovery_waits_for_a_person_reject_changes_nothing_approve_recovers_def
         events = api.asset_events(dag_id, run_id)
         assert [(e.uri, e.source_task_id, e.extra) for e in events] == [
             (
-                f"relay://{config.pipeline}/",
+                LedgerMessagesSink(config.ledger_url).dataset().uri,
                 "audit",
-                {"version": "v1", "instance": op["data"]["instance_id"], "operation": "recovery"},
+                {
+                    "pipeline": config.pipeline,
+                    "version": "v1",
+                    "instance": op["data"]["instance_id"],
+                    "operation": "recovery",
+                },
             )
         ]
     finally:

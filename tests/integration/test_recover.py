@@ -18,6 +18,7 @@ from relay.operations.recover import recover
 from relay.operations.status import offsets_view
 from relay.operations.stop import stop
 from relay.operations.upgrade import ALL_TERMINAL
+from relay.sinks.ledger_messages import LedgerMessagesSink
 from relay_dev.airflow_local import ensure_airflow_db
 
 from tests.conftest import wait_for
@@ -101,8 +102,13 @@ def test_retention_scenario_fails_fast_then_recovers_with_declared_gaps(cfg: Rel
     assert done["state"] == "EXECUTED"
     assert [(e["uri"], e["extra"]) for e in run.asset_events] == [
         (
-            f"relay://{cfg.pipeline}/",
-            {"version": "v1", "instance": done["data"]["instance_id"], "operation": "recovery"},
+            LedgerMessagesSink(cfg.ledger_url).dataset().uri,  # the counter's: its ledger's database
+            {
+                "pipeline": cfg.pipeline,
+                "version": "v1",
+                "instance": done["data"]["instance_id"],
+                "operation": "recovery",
+            },
         )
     ]
     archived = done["data"]["archived_checkpoints"]

@@ -33,6 +33,7 @@ from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.store import Ledger
 from relay.operations.inventory import master_apps
+from relay.sinks.postgres_upsert import PostgresUpsertSink
 from relay_dev.airflow_local import airflow_bin, airflow_env, ensure_airflow_db
 
 from tests.conftest import wait_for
@@ -152,7 +153,7 @@ def test_users_pipeline_is_deployed_upgraded_and_recovered_by_the_dags(users) ->
     _succeeded(run, 3)
     assert "JSON_UPSERT_SINK_URL from Airflow Variables (masked)" in run.output
     assert sink not in run.output, "the sink's URL must be masked in the task's log"
-    assert run.asset_events[0]["uri"] == f"relay://{cfg.pipeline}/"
+    assert run.asset_events[0]["uri"] == PostgresUpsertSink(sink, "json_upsert_users", ["id"]).dataset().uri
     blue = ledger.instances(cfg.pipeline)[0]
     assert blue.version == "v1"
     _deep_audit(cfg, ledger, sent)

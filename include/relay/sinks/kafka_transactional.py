@@ -48,6 +48,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError
+from relay.pipeline.datasets import DatasetRef, kafka_topic
 from relay.sinks import kafka_clients as kc
 from relay.sinks import kafka_fencing as kf
 from relay.sinks import kafka_markers as km
@@ -122,6 +123,10 @@ class KafkaTransactionalSink:
         )
 
     __str__ = __repr__
+
+    def dataset(self) -> DatasetRef:
+        """The output topic, in the cluster of the sink's first bootstrap server (lineage, assets)."""
+        return kafka_topic(self.settings.servers, self.topic)
 
     # ---- driver side -------------------------------------------------------------------------
 

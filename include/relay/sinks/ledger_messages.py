@@ -43,6 +43,7 @@ from relay.kafka.counter_key import parse_counter_bytes
 from relay.ledger import schema as s
 from relay.ledger.engine import POSTGRES_PREFIX, SQLITE_PREFIX, make_engine, open_engine, safe_url
 from relay.ledger.models import InstanceState
+from relay.pipeline.datasets import DatasetRef, database_table
 from relay.sinks.base import FencedWriteError, SinkError, SinkUnavailableError, TaskContext, TaskResult
 from relay.sinks.ledger_messages_tables import (
     counter_totals,
@@ -122,6 +123,10 @@ class LedgerMessagesSink:
         return f"LedgerMessagesSink(url={self.url!r})"
 
     __str__ = __repr__
+
+    def dataset(self) -> DatasetRef:
+        """The ``messages`` table of the ledger's database (its file, for a SQLite ledger)."""
+        return database_table(self._url, self.table)
 
     # ---- driver side -------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from psycopg2.extras import execute_values
 from relay.crashpoints import crash_point
 from relay.errors import ConfigError
 from relay.ledger.engine import safe_url
+from relay.pipeline.datasets import DatasetRef, postgres_table
 from relay.sinks import pg_arrow, pg_conn
 from relay.sinks import pg_schema as ps
 from relay.sinks import pg_values as pv
@@ -113,6 +114,10 @@ class PostgresUpsertSink:
         )
 
     __str__ = __repr__
+
+    def dataset(self) -> DatasetRef:
+        """The table this sink writes, named for lineage and Airflow assets (no password)."""
+        return postgres_table(self._url, self.table, self.schema)
 
     # ---- driver side -------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from relay_airflow.lineage import RelayLineage
 from relay_airflow.triggers.ledger_wait import LedgerWaitTrigger
 
 #: How long past the trigger's own deadline Airflow waits before it fails the deferral itself.
@@ -39,8 +40,11 @@ Prepare = Callable[[Any], "WaitFor | Any"]
 Complete = Callable[[Any, dict[str, Any]], Any]
 
 
-class LedgerWaitOperator(BaseOperator):
-    """Run ``prepare``, defer on the :class:`WaitFor` it returns, then ``complete`` with the event."""
+class LedgerWaitOperator(RelayLineage, BaseOperator):
+    """Run ``prepare``, defer on the :class:`WaitFor` it returns, then ``complete`` with the event.
+
+    Its OpenLineage events name the pipeline's datasets when ``complete`` ended an operation
+    (``relay_airflow.lineage.RelayLineage``)."""
 
     ui_color = "#e8f4ea"
 

@@ -46,5 +46,5 @@ def verify_complete(context: Any, event: dict[str, Any]) -> dict[str, Any]:
         )
     submitted = upstream(context, "submit")
     first = upstream(context, "wait_first_commit") or {}
-    emit_pipeline_event(context, config.pipeline, submitted["version"], submitted["instance_id"], "deploy")
+    emit_pipeline_event(context, config, submitted["version"], submitted["instance_id"], "deploy")
     return {**submitted, "first_commit_s": first.get("first_commit_s"), "verified": event["result"]}

@@ -161,5 +161,5 @@ def audit() -> dict[str, Any]:
     if not report.ok:
         raise AirflowFailException(f"the audit after recovery {op['id']} is not clean: {totals}")
     instance = ledger.instance(op["data"]["instance_id"])
-    emit_pipeline_event(context, config.pipeline, instance.version, instance.id, "recovery")
+    emit_pipeline_event(context, config, instance.version, instance.id, "recovery")
     return {**_summary(config.pipeline, op), "audit": totals}

@@ -196,5 +196,5 @@ def audit() -> dict[str, Any]:
         raise AirflowFailException(f"upgrade {op['id']} is {op['state']}, not DONE: run the earlier tasks")
     result = steps.result(op)
     log.info("upgrade %s DONE: duplicates %s, gaps %s", op["id"], result["duplicates"], result["gaps"])
-    emit_pipeline_event(context, config.pipeline, op["params"]["version"], result["green_id"], "upgrade")
+    emit_pipeline_event(context, config, op["params"]["version"], result["green_id"], "upgrade")
     return {k: v for k, v in result.items() if k != "run_keys"}
