@@ -107,15 +107,39 @@ def master_down_and_no_commit(ledger, kafka, config):
     return {"inventory": inventory, "now": time.time() + 600}
 
 
+def beat(ledger: Ledger, attempt_id: int, at: float) -> None:
+    """The attempt's heartbeat at ``at`` (a running driver beats every second)."""
+    from relay.ledger import schema as s
+
+    with ledger.tx() as conn:
+        conn.execute(s.attempts.update().where(s.attempts.c.id == attempt_id).values(heartbeat_at=at))
+
+
 def one_off_delete_records(ledger, kafka, config):
-    inst, _ = committed(ledger, kafka, waiting=100)
+    inst, att = committed(ledger, kafka, waiting=100)
     kafka.retention_ms = 7 * 24 * 3600 * 1000
     t0 = time.time()
     run_health(config, ledger, inventory=running(ledger, inst), now=t0)  # the earlier report (history)
     kafka.earliest_offsets = {0: 9, 1: 9}  # delete_records moved the earliest offset once, just below
     kafka.latest_offsets = {0: 110, 1: 10}
     kafka.record_ms = {0: int((t0 + 290) * 1000)}  # the record at the cursor is 10 s old
+    beat(ledger, att.id, t0 + 299)
     return {"inventory": running(ledger, inst), "now": t0 + 300}
+
+
+def driver_relaunched_after_its_worker_died(ledger, kafka, config):
+    """The worker took the driver with it; supervision relaunched it: a new attempt, no batch yet."""
+    inst, att = committed(ledger, kafka, waiting=100)
+    ledger.start_attempt(inst.id, ledger.issue_launch_token(inst.id))  # supersedes the dead one
+    return {"inventory": running(ledger, inst)}
+
+
+def driver_silent(ledger, kafka, config):
+    """The driver stopped beating 30 s ago (its host lost, or the process stopped): the master has not
+    noticed yet."""
+    inst, att = committed(ledger, kafka)
+    beat(ledger, att.id, time.time() - 30)
+    return {"inventory": running(ledger, inst)}
 
 
 def kafka_unreachable(ledger, kafka, config):
@@ -155,7 +179,9 @@ TABLE: list[tuple[Callable, dict[str, Level], bool]] = [
     (crashed_with_lag, {"single_instance": OK, "progress": CRIT}, True),
     (master_restart_while_committing, {"single_instance": WARN, "progress": OK}, True),
     (master_down_and_no_commit, {"single_instance": CRIT}, True),
-    (one_off_delete_records, {"retention": OK}, False),
+    (one_off_delete_records, {"retention": OK, "driver": OK}, False),
+    (driver_relaunched_after_its_worker_died, {"driver": WARN, "single_instance": OK}, True),
+    (driver_silent, {"driver": WARN}, True),
     (kafka_unreachable, {"kafka": CRIT}, True),
     (airflow_whole, {"airflow": OK}, False),
     (airflow_triggerer_dead, {"airflow": CRIT}, True),

@@ -13,6 +13,7 @@ from relay.ledger.models import Attempt, AttemptState, Instance, InstanceState
 
 NAME = "driver"
 Finding = tuple[str, str]  # (the problem, what to run next)
+SILENT_S = 10.0  # drivers beat every second: ten missed beats is a driver stopped, dying or paused
 
 
 def considered(instances: list[Instance], live_ids: set[int]) -> tuple[list[Instance], list[Instance]]:
@@ -67,6 +68,25 @@ def failure(inst: Instance, last: Attempt | None, live: bool) -> Finding | None:
     return f"instance {inst.id} {inst.state.value}: {failed}", action
 
 
+def restarting(inst: Instance, atts: list[Attempt], now: float, productive: set[int] | None) -> str | None:
+    """A live ACTIVE instance between two lives of its driver: the newest attempt silent for SILENT_S
+    (its worker or host lost, the process stopped), or a relaunch that has not committed yet after
+    earlier attempts did. WARN, not CRITICAL: supervision is bringing it back (a crash loop and a
+    failure are judged by their own rules); the next check says whether it came back."""
+    last = atts[-1] if atts else None
+    if inst.state is not InstanceState.ACTIVE or last is None or last.state is not AttemptState.RUNNING:
+        return None
+    if now - last.heartbeat_at > SILENT_S:
+        silent = fmt_s(now - last.heartbeat_at)
+        return f"instance {inst.id}: its driver has not beaten for {silent} (restarting, or its host lost)"
+    if productive is not None and last.id not in productive and any(a.id in productive for a in atts[:-1]):
+        return (
+            f"instance {inst.id}: its driver is restarting (attempt {last.id} started "
+            f"{fmt_s(now - last.started_at)} ago, no batch yet)"
+        )
+    return None
+
+
 def instance_row(inst: Instance, atts: list[Attempt], recent: list[Attempt]) -> dict[str, Any]:
     """One judged instance as the report lists it."""
     last = atts[-1] if atts else None
@@ -81,12 +101,22 @@ def instance_row(inst: Instance, atts: list[Attempt], recent: list[Attempt]) -> 
 
 
 def verdict(
-    problems: list[str], actions: list[str], note: str | None, judged: bool, data: dict[str, Any]
+    problems: list[str],
+    actions: list[str],
+    note: str | None,
+    judged: bool,
+    data: dict[str, Any],
+    restarts: list[str] | None = None,
 ) -> Check:
-    """CRITICAL for any problem; WARN when nothing runs because an instance was fenced; else OK."""
+    """CRITICAL for any problem; WARN when nothing runs because an instance was fenced, or while a
+    driver restarts; else OK."""
     if problems:
         text = "; ".join(problems + ([note] if note else []))
         return Check(NAME, Level.CRITICAL, text, data, "; ".join(dict.fromkeys(actions)))
+    if restarts:
+        return Check(
+            NAME, Level.WARN, "; ".join(restarts), data, "none: the next check says whether it came back"
+        )
     if note:
         return Check(
             NAME,
@@ -125,6 +155,7 @@ def check_driver(
     note = fenced_note(fenced, running=any(i.id in live_ids for i in judged))
     rows: list[dict[str, Any]] = []
     found: list[Finding] = []
+    coming_back: list[str] = []
     for inst in judged:
         atts = attempts.get(inst.id, [])
         recent = [
@@ -134,6 +165,8 @@ def check_driver(
         loop = crash_loop(inst, recent, crash_window_s, crash_attempts)
         failed = failure(inst, atts[-1] if atts else None, inst.id in live_ids)
         found += [f for f in (loop, failed) if f is not None]
+        if inst.id in live_ids and (back := restarting(inst, atts, now, productive)) is not None:
+            coming_back.append(back)
     data: dict[str, Any] = {
         "instances": rows,
         "fenced_after": [
@@ -141,4 +174,4 @@ def check_driver(
         ],
         "restarts": sum(d["restarts"] for d in rows if d["id"] in live_ids),
     }
-    return verdict([p for p, _ in found], [a for _, a in found], note, bool(judged), data)
+    return verdict([p for p, _ in found], [a for _, a in found], note, bool(judged), data, coming_back)
