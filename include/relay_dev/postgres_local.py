@@ -1,9 +1,10 @@
 """A throwaway PostgreSQL cluster under the data dir, from Debian's PostgreSQL binaries.
 
 Used for the ledger's PostgreSQL tests and an optional part of the local stack. PostgreSQL refuses to
-run as root, so as root every binary runs as the ``postgres`` OS user (``subprocess`` ``user=``) and
-the cluster's folder is handed to that user. It listens on 127.0.0.1 only, with its socket in the
-data dir (never /tmp).
+run as root, so as root every binary runs as the ``postgres`` OS user and the cluster's folder is
+handed to that user; it reaches that folder through a private mount namespace
+(:mod:`relay_dev.pg_namespace`), so the data dir stays 0700. It listens on 127.0.0.1 only, with its
+socket in the cluster folder (never /tmp).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import pwd
 import shutil
 import stat
 import subprocess
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from relay.errors import StackError
 from relay.polling import poll
 
+from relay_dev.pg_namespace import MountView, mount_view, namespace_available
 from relay_dev.ports import port_taken
 
 DATABASE = "relay"
@@ -36,15 +39,16 @@ def _postgres_gid() -> int | None:
 
 
 def restrict_dir(path: Path) -> None:
-    """Make ``path`` 0700, keeping only the ``postgres`` group's traverse bit if it was granted.
+    """Make ``path`` 0700 (also taking back a traverse bit an older version granted).
 
-    Why the exception: as root, PostgreSQL runs as the ``postgres`` user, which must traverse the
-    data dir to reach its cluster; :func:`grant_postgres_traverse` gives exactly that (group
-    ``postgres``, ``--x``) instead of opening the folder to every user.
+    One exception: as root where mount namespaces are refused, PostgreSQL (run as ``postgres``)
+    must traverse the data dir to reach its cluster, so the ``postgres`` group's traverse bit that
+    :func:`grant_postgres_traverse` gave is kept there.
     """
     st = path.stat()
     gid = _postgres_gid()
-    keep = st.st_mode & 0o010 if gid is not None and st.st_gid == gid else 0
+    granted = gid is not None and st.st_gid == gid and not namespace_available(path)
+    keep = st.st_mode & 0o010 if granted else 0
     mode = 0o700 | keep
     if stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():  # only the owner may chmod
         path.chmod(mode)
@@ -53,8 +57,9 @@ def restrict_dir(path: Path) -> None:
 def grant_postgres_traverse(folder: Path) -> None:
     """Let the ``postgres`` user traverse ``folder`` and its ancestors (not list or read them).
 
-    Only folders that block it and that we own are changed: their group becomes ``postgres`` with
-    ``--x`` (others stay shut out), so a 0700 data dir becomes 0710, never world-traversable.
+    The fallback for root without mount namespaces (:mod:`relay_dev.pg_namespace`). Only folders
+    that block it and that we own are changed: their group becomes ``postgres`` with ``--x``
+    (others stay shut out), so a 0700 data dir becomes 0710, never world-traversable.
     """
     gid = _postgres_gid()
     if gid is None:
@@ -93,7 +98,27 @@ class LocalPostgres:
         self.root = self.data_dir / "postgres"
         self.pgdata = self.root / "data"
         self.socket_dir = self.root / "run"
-        self.log_file = self.data_dir / "logs" / "postgres.log"
+
+    @cached_property
+    def _view(self) -> MountView | None:
+        """As root (where mounts work), how the binaries see the cluster folder; else None."""
+        return mount_view(self.root)
+
+    @property
+    def _seen_root(self) -> Path:
+        """The cluster folder as PostgreSQL's binaries see it (the same files as :attr:`root`)."""
+        return self._view.path if self._view else self.root
+
+    def _seen(self, path: Path) -> str:
+        """``path`` (under :attr:`root`) as the binaries see it."""
+        return str(self._seen_root / path.relative_to(self.root))
+
+    @property
+    def log_file(self) -> Path:
+        """The server log of :meth:`start`: in the cluster folder when ``postgres`` cannot reach logs/."""
+        if self._view:
+            return self.root / "postgres.log"
+        return self.data_dir / "logs" / "postgres.log"
 
     @property
     def url(self) -> str:
@@ -105,19 +130,24 @@ class LocalPostgres:
         return f"{self.host}:{self.port}"
 
     def _run_kwargs(self) -> dict[str, Any]:
-        """As root, run as the ``postgres`` user (initdb and postgres refuse root)."""
+        """As root, run as the ``postgres`` user (initdb and postgres refuse root); the mount
+        namespace's wrapper switches user itself (:meth:`_command`)."""
         if os.geteuid() != 0:
             return {}
         try:
             pwd.getpwnam("postgres")
         except KeyError as exc:
             raise StackError("running as root but no 'postgres' OS user exists to run PostgreSQL") from exc
-        return {"user": "postgres", "group": "postgres"}
+        return {} if self._view else {"user": "postgres", "group": "postgres"}
+
+    def _command(self, argv: list[str]) -> list[str]:
+        """``argv`` (paths as :meth:`_seen` gives them) in the mount namespace when there is one."""
+        return self._view.wrap(argv) if self._view else argv
 
     def _run(self, args: list[str], what: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         try:
             done = subprocess.run(
-                args,
+                self._command(args),
                 check=False,
                 capture_output=True,
                 text=True,
@@ -139,9 +169,11 @@ class LocalPostgres:
         for d in (self.root, self.socket_dir, self.log_file.parent):
             d.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
-            grant_postgres_traverse(self.root.parent)
+            if self._view is None:
+                grant_postgres_traverse(self.root.parent)
             for d in (self.root, self.socket_dir):
                 shutil.chown(d, "postgres", "postgres")
+                d.chmod(0o700)
             if not self.log_file.exists():
                 self.log_file.touch()
             shutil.chown(self.log_file, "postgres", "postgres")
@@ -164,10 +196,10 @@ class LocalPostgres:
                 [
                     str(bin_dir / "initdb"),
                     "-D",
-                    str(self.pgdata),
+                    self._seen(self.pgdata),
                     "-U",
                     USER,
-                    f"--pwfile={pwfile}",
+                    f"--pwfile={self._seen(pwfile)}",
                     "--auth-local=trust",
                     "--auth-host=scram-sha-256",
                     "-E",
@@ -219,18 +251,23 @@ class LocalPostgres:
         return done.returncode == 0
 
     def server_command(self) -> list[str]:
-        """``postgres`` in the foreground (the embedded stack's supervisor runs it; SIGINT = fast stop)."""
-        return [
-            str(find_bin_dir() / "postgres"),
-            "-D",
-            str(self.pgdata),
-            "-h",
-            self.host,
-            "-p",
-            str(self.port),
-            "-k",
-            str(self.socket_dir),
-        ]
+        """``postgres`` in the foreground (the embedded stack's supervisor runs it; SIGINT = fast stop).
+
+        As root it starts as root (``unshare``, ``mount``) and switches to ``postgres`` itself
+        when in a mount namespace (:attr:`run_as` is then None); one PID throughout (exec)."""
+        return self._command(
+            [
+                str(find_bin_dir() / "postgres"),
+                "-D",
+                self._seen(self.pgdata),
+                "-h",
+                self.host,
+                "-p",
+                str(self.port),
+                "-k",
+                self._seen(self.socket_dir),
+            ]
+        )
 
     @property
     def run_as(self) -> str | None:
@@ -247,15 +284,16 @@ class LocalPostgres:
         if not self.healthy():
             if port_taken(self.host, self.port):
                 raise StackError(f"PostgreSQL port {self.host}:{self.port} is already in use")
-            opts = f"-h {self.host} -p {self.port} -k {self.socket_dir} -c listen_addresses={self.host}"
+            sock = self._seen(self.socket_dir)
+            opts = f"-h {self.host} -p {self.port} -k {sock} -c listen_addresses={self.host}"
             self._run(
                 [
                     str(find_bin_dir() / "pg_ctl"),
                     "start",
                     "-D",
-                    str(self.pgdata),
+                    self._seen(self.pgdata),
                     "-l",
-                    str(self.log_file),
+                    self._seen(self.log_file) if self._view else str(self.log_file),
                     "-w",
                     "-t",
                     str(int(timeout_s)),
@@ -283,7 +321,7 @@ class LocalPostgres:
         psql = [
             str(find_bin_dir() / "psql"),
             "-h",
-            str(self.socket_dir),
+            self._seen(self.socket_dir),
             "-p",
             str(self.port),
             "-U",
@@ -305,7 +343,7 @@ class LocalPostgres:
                 str(find_bin_dir() / "pg_ctl"),
                 "stop",
                 "-D",
-                str(self.pgdata),
+                self._seen(self.pgdata),
                 "-m",
                 "fast",
                 "-w",

@@ -27,6 +27,7 @@ from relay.spark.auth import RestSigner, decode_key, ensure_secret_file, signer_
 from relay.spark.driver_properties import driver_properties
 from relay.spark.launcher import LEDGER_URL_ENV, driver_args, submission_environment
 from relay.spark.rest import MasterState, SparkStandaloneClient
+from relay_dev import pg_namespace, postgres_local
 from relay_dev.airflow_local import ADMIN_USER, airflow_env, passwords_file
 from relay_dev.postgres_local import restrict_dir
 from relay_dev.stack import LocalStack, Part
@@ -185,8 +186,12 @@ def test_supervisor_files_are_private_and_secrets_stay_off_command_lines(tmp_pat
     assert "stopasgroup=true" in program and "killasgroup=true" in program and "autorestart=true" in program
 
 
-def test_restrict_dir_keeps_only_the_postgres_groups_traverse_bit(tmp_path: Path) -> None:
-    """As root, a local PostgreSQL runs as ``postgres``: it may traverse the data dir, nobody else."""
+def test_restrict_dir_makes_the_data_dir_0700_and_takes_back_the_postgres_traverse_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root, a local PostgreSQL reaches its cluster through a mount namespace: the data dir is
+    0700 even if an older version gave the ``postgres`` group a traverse bit. Only where mounts are
+    refused is that bit kept (the fallback)."""
     folder = tmp_path / "d"
     folder.mkdir(mode=0o755)
     restrict_dir(folder)
@@ -196,9 +201,26 @@ def test_restrict_dir_keeps_only_the_postgres_groups_traverse_bit(tmp_path: Path
     except KeyError:
         pytest.skip("no postgres group on this machine")
     os.chown(folder, -1, gid)
+    monkeypatch.setattr(postgres_local, "namespace_available", lambda _: True)
+    folder.chmod(0o751)
+    restrict_dir(folder)
+    assert mode(folder) == 0o700
+    monkeypatch.setattr(postgres_local, "namespace_available", lambda _: False)
     folder.chmod(0o751)
     restrict_dir(folder)
     assert mode(folder) == 0o710
+
+
+def test_postgres_mount_view_runs_as_postgres_without_the_data_dir_path(tmp_path: Path) -> None:
+    """The wrapper binds the cluster folder under a folder ``postgres`` can traverse and drops to
+    that user; the tmpfs never covers the folder the bind comes from."""
+    view = pg_namespace.MountView(tmp_path / "postgres", Path("/mnt"))
+    argv = view.wrap(["postgres", "-D", str(view.path / "data")])
+    assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
+    assert argv[-5:] == ["/mnt", str(tmp_path / "postgres"), "postgres", "-D", "/mnt/pg/data"]
+    script = argv[argv.index("-c") + 1]
+    assert "setpriv --reuid=postgres --regid=postgres --init-groups --no-new-privs" in script
+    assert pg_namespace._base_for(Path("/mnt/x/var/postgres")) != Path("/mnt")
 
 
 def test_airflow_password_file_is_written_0600_before_airflow_runs(tmp_path: Path) -> None:
