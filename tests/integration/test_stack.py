@@ -19,6 +19,7 @@ from relay.kafka.producer import highest_counter, produce
 from relay.spark.auth import signer_for
 from relay.spark.driver_properties import driver_environment, driver_properties
 from relay.spark.rest import DriverState, SparkStandaloneClient
+from relay_dev.pg_namespace import namespace_available
 from relay_dev.stack import LocalStack, group_pids, pid_alive
 
 from tests.conftest import wait_for
@@ -122,6 +123,8 @@ def test_down_stops_every_recorded_process() -> None:
         assert stat.S_IMODE(sup.conf_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(sup.socket.stat().st_mode) == 0o700
         assert "inet_http_server" not in sup.conf_file.read_text()
+        if namespace_available(data_dir):  # PostgreSQL reaches its folder without traversing ours
+            assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     finally:
         result = local.down()
     stopped = ["supervisor-keeper", "spark-worker", "spark-master", "kafka", "postgres"]
