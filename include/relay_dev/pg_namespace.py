@@ -29,10 +29,11 @@ MOUNT_NAME = "pg"
 UNSHARE = ["unshare", "--mount", "--propagation", "private", "--"]
 
 # $1 base folder, $2 cluster folder; the rest is the command. exec keeps one PID (supervisord signals it).
+# --clear-groups: only the postgres group, as before (--init-groups would add e.g. ssl-cert).
 _SCRIPT = (
     'set -e; mount -t tmpfs -o size=64k,mode=0755,nosuid,nodev,noexec relay-pg "$1"; '
     'mkdir "$1/pg"; mount --bind "$2" "$1/pg"; cd "$1/pg"; shift 2; '
-    'exec setpriv --reuid=postgres --regid=postgres --init-groups --no-new-privs -- "$@"'
+    'exec setpriv --reuid=postgres --regid=postgres --clear-groups --no-new-privs -- "$@"'
 )
 
 

@@ -219,7 +219,7 @@ def test_postgres_mount_view_runs_as_postgres_without_the_data_dir_path(tmp_path
     assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
     assert argv[-5:] == ["/mnt", str(tmp_path / "postgres"), "postgres", "-D", "/mnt/pg/data"]
     script = argv[argv.index("-c") + 1]
-    assert "setpriv --reuid=postgres --regid=postgres --init-groups --no-new-privs" in script
+    assert "setpriv --reuid=postgres --regid=postgres --clear-groups --no-new-privs" in script
     assert pg_namespace._base_for(Path("/mnt/x/var/postgres")) != Path("/mnt")
 
 
