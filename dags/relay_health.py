@@ -26,13 +26,15 @@ token). Without that connection the alert is logged at ERROR in the task's log. 
 the XCom/log. Lag in seconds says how it was measured (`record_timestamp`: age of the oldest unapplied
 record, read at the cursor; `consume_rate`: lag / the rate while recent batches ran).
 
-**Autoscale** (a pipeline's `[pipelines.<name>.autoscale]` table; off without one): after the
+**Autoscale** (a pipeline's `[pipelines.<name>.autoscale]` table; off without one): beside the
 checks, one mapped `autoscale` task per pipeline applies its lag policy to the persisted reports:
 behind more than `lag_seconds` in the last `runs` checks moves it to one executor more (up to
 `max_executors`, when the cluster has room), caught up and mostly idle for `idle_runs` checks to
 one fewer; the move is the upgrade's exact handoff to the same version (`relay scale`). Every
-decision is recorded and shown by the next check's `autoscale` finding. It runs whatever the checks
-found (`all_done`), within the 4 minutes of every task here (a scale takes 1-2): one cut short stays
+decision is recorded and shown by the next check's `autoscale` finding. It is not downstream of the
+checks: a task after them would be the run's leaf, and a run whose checks are CRITICAL must fail (it
+judges the reports persisted so far, this run's when its check finished first). Within the 4
+minutes of every task here (a scale takes 1-2): one cut short stays
 in the ledger as an upgrade in progress, which `relay upgrade` (or `relay_upgrade`) resumes, and the
 policy holds until then.
 
@@ -78,11 +80,7 @@ with relay_dag(
             raise HealthCriticalError(report.to_json())
         return report.to_json()
 
-    @task(
-        execution_timeout=timedelta(minutes=4),
-        map_index_template="{{ relay_pipeline }}",
-        trigger_rule="all_done",
-    )
+    @task(execution_timeout=timedelta(minutes=4), map_index_template="{{ relay_pipeline }}")
     def autoscale(pipeline: str) -> dict:
         """The pipeline's lag policy on its last checks: a decision recorded, a scale when it says so."""
         from airflow.sdk import get_current_context
@@ -99,4 +97,5 @@ with relay_dag(
         return decision
 
     names = pipeline_names()[0]
-    check_health.expand(pipeline=names) >> autoscale.expand(pipeline=names)
+    check_health.expand(pipeline=names)
+    autoscale.expand(pipeline=names)
