@@ -117,3 +117,47 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 def datasets(events: Iterable[dict[str, Any]], side: str) -> set[tuple[str, str]]:
     """The ``(namespace, name)`` of every input or output dataset of ``events``."""
     return {(d["namespace"], d["name"]) for e in events for d in e.get(side) or []}
+
+
+# -- one operation's lineage, as the DAG runs of tests/integration/test_user_pipeline_dags.py check it
+ENDS = {"relay_deploy": "verify_single_instance", "relay_upgrade": "audit", "relay_recover": "audit"}
+"""The task that ends each operation: the one that reports its datasets."""
+
+
+def file_transport(path: Path) -> dict[str, str]:
+    """The provider's file transport (one JSON event per line into ``path``), as Airflow settings."""
+    return {
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": f'{{"type": "file", "log_file_path": "{path}", "append": true}}',
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "relay-test",
+    }
+
+
+def valid_events(path: Path) -> list[dict[str, Any]]:
+    """Every event written to ``path``, each checked against the OpenLineage schema and its facets'
+    (the provider's own facets may differ from their schemas only by KNOWN_PROVIDER_DRIFT)."""
+    events = read_events(path)
+    assert events, f"no OpenLineage event written to {path}"
+    invalid = {i: p for i, e in enumerate(events) if (p := problems(e))}
+    assert invalid == {}, invalid
+    drift = set().union(*(provider_drift(e) for e in events))
+    assert drift <= KNOWN_PROVIDER_DRIFT, drift - KNOWN_PROVIDER_DRIFT
+    return events
+
+
+def expect_operation(
+    dag_id: str,
+    events: list[dict[str, Any]],
+    source: tuple[str, str],
+    sink: tuple[str, str],
+    relay_facet: tuple[str, str, str],
+) -> None:
+    """The task ending the operation names the topic and the sink as the naming spec says, with the
+    ``relay`` job facet (pipeline, version, code hash); no other dataset appears in the run."""
+    end = [
+        e for e in events if e["job"]["name"] == f"{dag_id}.{ENDS[dag_id]}" and e["eventType"] == "COMPLETE"
+    ]
+    assert len(end) == 1, [(e["job"]["name"], e["eventType"]) for e in events]
+    assert datasets(end, "inputs") == {source} and datasets(end, "outputs") == {sink}
+    facet = end[0]["job"]["facets"]["relay"]
+    assert (facet["pipeline"], facet["version"], facet["codeHash"]) == relay_facet
+    assert datasets(events, "inputs") <= {source} and datasets(events, "outputs") <= {sink}

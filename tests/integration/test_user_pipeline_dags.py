@@ -13,7 +13,11 @@ DAG run (``dag.test()``) selecting it with the ``pipeline`` param, under a stead
 - ``relay_stop``, retention deletes records the pipeline had not read, ``relay_recover`` (approved
   by the trigger) declares them lost and starts a new instance.
 
-At each end the table holds exactly the newest value of every id and the deep audit is clean.
+At each end the table holds exactly the newest value of every id and the deep audit is clean. Each
+of the three runs also writes its OpenLineage events through the provider's file transport: every
+event validates against the OpenLineage schema (and each facet against its own), and the task ending
+the operation names the topic and the table as the naming spec says, with the version and code hash;
+the asset event is the table's AIP-60 URI (issue #19).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from relay.artifacts import artifact
 from relay.audit import audit
 from relay.config import RelayConfig, load_config
 from relay.config.env import config_env
@@ -47,6 +53,7 @@ from tests.integration.json_users import (
     table,
     user_name,
 )
+from tests.lineage_events import expect_operation, file_transport, valid_events
 
 pytestmark = pytest.mark.integration
 
@@ -141,16 +148,41 @@ def _deep_audit(cfg: RelayConfig, ledger: Ledger, sent: int, lost: int = 0):  # 
     return report
 
 
-def test_users_pipeline_is_deployed_upgraded_and_recovered_by_the_dags(users) -> None:  # noqa: ANN001
+def _lineage(cfg: RelayConfig, sink_url: str, dag_id: str, path: Path, version: str, run) -> None:  # noqa: ANN001
+    """#19's acceptance on this run: every OpenLineage event valid, the topic and the table named as
+    the spec says with the version and code hash, the asset event on the table's AIP-60 URI."""
+    host, port = cfg.kafka_bootstrap.split(",")[0].rsplit(":", 1)
+    pg = urlsplit(sink_url)
+    db = pg.path.lstrip("/")
+    facet = (cfg.pipeline, version, artifact(cfg, version).code_hash())
+    source, table_ = (
+        (f"kafka://{host}:{port}", cfg.topic),
+        (f"postgres://{pg.hostname}:{pg.port}", f"{db}.public.json_upsert_users"),
+    )
+    expect_operation(dag_id, valid_events(path), source, table_, facet)
+    assert [a["uri"] for a in run.asset_events] == [
+        f"postgres://{pg.hostname}:{pg.port}/{db}/public/json_upsert_users"
+    ]
+    assert run.asset_events[0]["extra"]["version"] == version
+
+
+def test_users_pipeline_is_deployed_upgraded_and_recovered_by_the_dags(users, tmp_path: Path) -> None:  # noqa: ANN001
     cfg, package, sink = users
     ledger = Ledger(cfg.ledger_url)
     pick = {"pipeline": cfg.pipeline}
+    lineage = {d: tmp_path / f"{d}.jsonl" for d in ("relay_deploy", "relay_upgrade", "relay_recover")}
 
     faults = Path(os.environ[CRASH_ONCE_DIR_ENV])
     arm_once(str(faults), "pg_sink.before_commit")  # the first task to get there dies before COMMIT
     sent = produce_versions(cfg.kafka_bootstrap, cfg.topic, range(3))
-    run = dag_test(cfg, "relay_deploy", {**pick, "version": "v1", "wait_seconds": 600})
+    run = dag_test(
+        cfg,
+        "relay_deploy",
+        {**pick, "version": "v1", "wait_seconds": 600},
+        env=file_transport(lineage["relay_deploy"]),
+    )
     _succeeded(run, 3)
+    _lineage(cfg, sink, "relay_deploy", lineage["relay_deploy"], "v1", run)
     assert "JSON_UPSERT_SINK_URL from Airflow Variables (masked)" in run.output
     assert sink not in run.output, "the sink's URL must be masked in the task's log"
     assert run.asset_events[0]["uri"] == PostgresUpsertSink(sink, "json_upsert_users", ["id"]).dataset().uri
@@ -174,8 +206,10 @@ def test_users_pipeline_is_deployed_upgraded_and_recovered_by_the_dags(users) ->
     # The user changes the code; the upgrade DAG builds v2 from it and hands off under load.
     _upper_case_names(package)
     with Updates(cfg, 5) as load:
-        run = dag_test(cfg, "relay_upgrade", {**pick, "version": "v2", **WAITS})
+        conf = {**pick, "version": "v2", **WAITS}
+        run = dag_test(cfg, "relay_upgrade", conf, env=file_transport(lineage["relay_upgrade"]))
     _succeeded(run, 9)
+    _lineage(cfg, sink, "relay_upgrade", lineage["relay_upgrade"], "v2", run)
     sent += load.sent
     op = ledger.operations(cfg.pipeline, "upgrade", 1)[0]
     assert op["state"] == "DONE", op
@@ -203,8 +237,9 @@ def test_users_pipeline_is_deployed_upgraded_and_recovered_by_the_dags(users) ->
     lost = latest[0] - 20 - cursor0
     assert lost > 0
     conf = {**pick, "strategy": "earliest", "dry_run": False, "pre_approved": True, "reason": "users test"}
-    run = dag_test(cfg, "relay_recover", conf)
+    run = dag_test(cfg, "relay_recover", conf, env=file_transport(lineage["relay_recover"]))
     _succeeded(run, 8)
+    _lineage(cfg, sink, "relay_recover", lineage["relay_recover"], "v2", run)
     recovered = ledger.operations(cfg.pipeline, "recovery", 1)[0]["data"]["instance_id"]
     assert ledger.instance(recovered).version == "v2"
     assert [a.name for a in master_apps(cfg, cfg.pipeline)] == [ledger.instance(recovered).app_name]
