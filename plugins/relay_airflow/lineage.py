@@ -20,22 +20,18 @@ of Relay's provider package, and only the provider (when installed) calls these 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from relay.config import RelayConfig
 from relay.pipeline.datasets import DatasetRef, kafka_topic, sink_dataset
+from relay.spark.launcher import LEDGER_URL_ENV  # what the counter's sink reads on the driver
 
 log = logging.getLogger("airflow.task")
-
-LEDGER_URL_ENV = "RELAY_LEDGER_URL"  # what the counter's sink reads on the driver
 
 
 @dataclass(frozen=True)
@@ -105,44 +101,29 @@ class RelayLineage:
 def resolve_sink(config: RelayConfig, version: str) -> DatasetRef | None:
     """The dataset the sink of ``version`` writes, or None (a ForEachBatch, or no way to tell).
 
-    The version's own code is imported from its artifact and its sink built as the driver builds it:
+    The version's own code is imported from its artifact as the audit imports it
+    (``relay.audit.versions``: from the zip only, then forgotten, so another version's package of
+    the same name is never served from ``sys.modules``) and its sink built as the driver builds it:
     the environment holds the sink's ``secret_env`` (this task filled them) and the ledger URL. A
     failure here never fails the operation: the lineage just has no output (logged).
     """
     from relay.artifacts import artifact
-    from relay.pipeline import load_pipeline
+    from relay.audit.versions import VersionCode, forget, load
 
     art = artifact(config, version)
     module = (art.pipeline or {}).get("module")
     if not module or not art.zip_file.is_file():
         log.warning("lineage: no artifact of %s %s here: its sink is not named", config.pipeline, version)
         return None
+    code = VersionCode(version, art.zip_file, module, str(art.folder))
     try:
-        with _imported_from(art.zip_file, module.split(".")[0]), _env({LEDGER_URL_ENV: config.ledger_url}):
-            sink = load_pipeline(module).build_sink()
-            return sink_dataset(sink)
+        with _env({LEDGER_URL_ENV: config.ledger_url}):
+            return sink_dataset(load(code).build_sink())
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything; lineage never fails a task
         log.warning("lineage: the sink of %s %s is not named: %s", config.pipeline, version, exc)
         return None
-
-
-@contextmanager
-def _imported_from(zip_file: Path, package: str) -> Iterator[None]:
-    """Import ``package`` from ``zip_file`` for the block only: another version of the same package
-    imported later in this process must not get this one from ``sys.modules``."""
-
-    def forget() -> None:
-        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
-            del sys.modules[name]
-
-    forget()
-    sys.path.insert(0, str(zip_file))
-    importlib.invalidate_caches()
-    try:
-        yield
     finally:
-        sys.path.remove(str(zip_file))
-        forget()
+        forget(module.split(".")[0])
 
 
 @contextmanager
