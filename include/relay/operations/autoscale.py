@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import func, select
 
 from relay.config import AutoscalePolicy, RelayConfig
+from relay.errors import OperationError
 from relay.ledger import schema as s
-from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
 from relay.operations.upgrade_state import ALL_TERMINAL
 
@@ -84,19 +84,19 @@ def busy_fraction(ledger: Ledger, pipeline: str, since: float, now: float) -> fl
 
 def autoscale(config: RelayConfig, progress: Progress = lambda _: None, act: bool = True) -> dict[str, Any]:
     """Judge the pipeline by its policy, record the decision, and scale when it says so (``act``)."""
-    from relay.operations.scale import scale
+    from relay.operations.scale import executors_of, running_resources, scale
 
     policy = config.autoscale
     if policy is None:
         return {"pipeline": config.pipeline, "action": "off"}
     ledger = Ledger(config.ledger_url)
-    active = [i for i in ledger.instances(config.pipeline, live_only=True) if i.state is InstanceState.ACTIVE]
-    busy_op = [o for o in ledger.operations(config.pipeline, None, 1) if o["state"] not in ALL_TERMINAL]
-    if len(active) != 1 or busy_op:
-        why = "an operation is in progress" if busy_op else f"{len(active)} ACTIVE instance(s), not one"
-        return _record(ledger, config, Decision(HOLD, 0, 0, why), None)
-    resources = config.with_resources(active[0].resources).resources()
-    executors = max(resources["cores_max"] // max(resources["executor_cores"], 1), 1)
+    if ledger.in_progress(config.pipeline, ALL_TERMINAL):
+        return _record(ledger, config, Decision(HOLD, 0, 0, "an operation is in progress"), None)
+    try:
+        _active, resources = running_resources(config, ledger)
+    except OperationError as exc:  # not exactly one ACTIVE instance: nothing to scale now
+        return _record(ledger, config, Decision(HOLD, 0, 0, str(exc)), None)
+    executors = executors_of(resources)
     reports = ledger.reports(config.pipeline, "health", max(policy.runs, policy.idle_runs))
     lags = [worst_lag_s(r["body"]) for r in reports]
     busy = None

@@ -40,16 +40,25 @@ def target_resources(
     return {**current, "executor_cores": cores, "executor_memory": memory, "cores_max": executors * cores}
 
 
+def running_resources(config: RelayConfig, ledger: Ledger) -> tuple[Instance, dict]:
+    """The ACTIVE instance and the Spark resources it runs with; OperationError unless exactly one."""
+    active = [i for i in ledger.instances(config.pipeline, live_only=True) if i.state is InstanceState.ACTIVE]
+    if len(active) != 1:
+        raise OperationError(f"a scale needs one ACTIVE instance of {config.pipeline}, found {len(active)}")
+    return active[0], config.with_resources(active[0].resources).resources()
+
+
+def executors_of(resources: dict) -> int:
+    """How many executors ``resources`` give (``spark.cores.max`` / cores each; at least one)."""
+    return max(resources["cores_max"] // max(resources["executor_cores"], 1), 1)
+
+
 def scale_target(
     config: RelayConfig, executors: int, executor_cores: int | None = None, executor_memory: str | None = None
 ) -> tuple[Instance, dict, dict]:
     """The ACTIVE instance, its resources and the scale's target resources (the DAG's ``executors``)."""
-    ledger = Ledger(config.ledger_url)
-    active = [i for i in ledger.instances(config.pipeline, live_only=True) if i.state is InstanceState.ACTIVE]
-    if len(active) != 1:
-        raise OperationError(f"a scale needs one ACTIVE instance of {config.pipeline}, found {len(active)}")
-    before = config.with_resources(active[0].resources).resources()
-    return active[0], before, target_resources(before, executors, executor_cores, executor_memory)
+    active, before = running_resources(config, Ledger(config.ledger_url))
+    return active, before, target_resources(before, executors, executor_cores, executor_memory)
 
 
 def scale(
@@ -75,4 +84,4 @@ def scale(
     return {**result, "resources_before": before, "resources_after": after}
 
 
-__all__ = ["scale", "scale_target", "target_resources"]
+__all__ = ["executors_of", "running_resources", "scale", "scale_target", "target_resources"]
