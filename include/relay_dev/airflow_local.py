@@ -305,21 +305,22 @@ class LocalAirflow:
         return result
 
     def _wait_healthy(self) -> None:
-        detail = [""]
+        detail = ""
 
         def healthy() -> bool | None:
+            nonlocal detail
             infos = self.supervisor.infos()
             dead = [p for p in PROGRAMS if p not in infos or infos[p].state in ("FATAL", "STOPPED", "EXITED")]
             if dead:
                 raise StackError(f"{dead[0]} did not start; see {self.config.logs_dir / (dead[0] + '.log')}")
-            ok, detail[0] = self.api_healthy()
+            ok, detail = self.api_healthy()
             return True if ok and passwords_file(self.config).exists() else None
 
         poll(
             healthy,
             self.health_timeout_s,
             on_timeout=lambda: StackError(
-                f"airflow not healthy after {self.health_timeout_s:.0f}s: {detail[0]}"
+                f"airflow not healthy after {self.health_timeout_s:.0f}s: {detail}"
             ),
         )
 

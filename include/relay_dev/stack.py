@@ -237,22 +237,21 @@ class LocalStack:
     def wait_healthy(self, part: Part, timeout_s: float | None = None) -> str:
         """Poll the part's probe until healthy; StackError when supervisord gave up (FATAL) or late."""
         timeout_s = self.health_timeout_s if timeout_s is None else timeout_s
-        detail = [""]
+        detail = ""
 
         def healthy() -> str | None:
-            ok, detail[0] = self.probe(part)
+            nonlocal detail
+            ok, detail = self.probe(part)
             if ok:
-                return detail[0]
+                return detail
             info = self.supervisor.info(part.value)
             if info is None or info.state in ("FATAL", "STOPPED", "EXITED"):
                 state = info.state if info else "not configured"
-                raise StackError(f"{part.value} is {state} ({detail[0]}); see {self._log(part)}")
+                raise StackError(f"{part.value} is {state} ({detail}); see {self._log(part)}")
             return None
 
         def why() -> StackError:
-            return StackError(
-                f"{part.value} not healthy after {timeout_s}s: {detail[0]}; see {self._log(part)}"
-            )
+            return StackError(f"{part.value} not healthy after {timeout_s}s: {detail}; see {self._log(part)}")
 
         return str(poll(healthy, timeout_s, on_timeout=why))
 

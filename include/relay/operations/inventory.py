@@ -103,16 +103,17 @@ def no_room(config: RelayConfig, master: MasterState, settle_s: float = ROOM_SET
     needs = Needs.of(config)
     if never := never_fits(master, needs):
         return never
-    seen = {"master": master, "problem": room_problem(master, needs)}
+    problem = room_problem(master, needs)
 
     def room() -> bool | None:
+        nonlocal problem
         try:
-            seen["master"] = spark_client(config).master_state()
+            latest = spark_client(config).master_state()
         except SparkError:
             return None  # no news: the last look stands
-        seen["problem"] = room_problem(seen["master"], needs)
-        return True if seen["problem"] is None else None
+        problem = room_problem(latest, needs)
+        return True if problem is None else None
 
-    if seen["problem"] is not None:
+    if problem is not None:
         poll(room, settle_s, 1.0)
-    return seen["problem"]
+    return problem

@@ -71,15 +71,16 @@ def latest_offsets(config: RelayConfig) -> dict[int, int]:
 def wait_caught_up(config: RelayConfig, progress: Progress, timeout_s: float, what: str) -> float:
     """Wait until every cursor reached the latest offsets; return the seconds waited."""
     t0 = time.monotonic()
-    seen: dict[str, dict[int, int]] = {"cur": {}, "latest": {}}
+    latest: dict[int, int] = {}
+    cur: dict[int, int] = {}
 
     def caught_up() -> bool | None:
-        seen["latest"], seen["cur"] = latest_offsets(config), cursors(config)
-        latest, cur = seen["latest"], seen["cur"]
+        nonlocal latest, cur
+        latest, cur = latest_offsets(config), cursors(config)
         return True if latest and all(cur.get(p, -1) >= off for p, off in latest.items()) else None
 
     def note(waited: float) -> None:
-        done, total = sum(seen["cur"].values()), sum(seen["latest"].values())
+        done, total = sum(cur.values()), sum(latest.values())
         progress(f"{what}: {done:,}/{total:,} offsets applied ({waited:.0f}s)")
 
     poll(
@@ -87,7 +88,7 @@ def wait_caught_up(config: RelayConfig, progress: Progress, timeout_s: float, wh
         timeout_s,
         note=note,
         on_timeout=lambda: OperationError(
-            f"{what}: not caught up after {timeout_s:.0f}s (cursors {seen['cur']}, latest {seen['latest']})"
+            f"{what}: not caught up after {timeout_s:.0f}s (cursors {cur}, latest {latest})"
         ),
     )
     return time.monotonic() - t0

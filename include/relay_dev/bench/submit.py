@@ -75,15 +75,15 @@ def end_driver(
 
     client = spark_client(config)
     t0 = time.monotonic()
-    last = [client.driver_status(driver_id)]
+    state = client.driver_status(driver_id)
 
     def ended() -> bool | None:
-        last[0] = client.driver_status(driver_id)
-        return True if last[0].is_final else None
+        nonlocal state
+        state = client.driver_status(driver_id)
+        return True if state.is_final else None
 
-    if not last[0].is_final:
+    if not state.is_final:
         poll(ended, timeout_s)
-    state = last[0]
     killed = False
     if not state.is_final:
         killed = client.kill(driver_id)

@@ -105,15 +105,15 @@ def spark_app(
         found["seconds_to_executors"] = round(time.monotonic() - t0, 2)
     finally:
         found["killed"] = client.kill(submission)
-        last = [client.driver_status(submission)]
+        final = client.driver_status(submission)
 
         def ended() -> bool | None:
-            last[0] = client.driver_status(submission)
-            return True if last[0].is_final else None
+            nonlocal final
+            final = client.driver_status(submission)
+            return True if final.is_final else None
 
-        if not last[0].is_final:
+        if not final.is_final:
             poll(ended, deadline + 60 - time.monotonic())
-        final = last[0]
     return {"submission": submission, "name": name, **found, "final_state": final.value}
 
 
