@@ -36,6 +36,7 @@ POLICY = AutoscalePolicy(
 def test_decisions(lags: list, executors: int, busy: float | None, action: str, target: int) -> None:
     decision = decide(POLICY, lags, executors, busy)
     assert (decision.action, decision.executors, decision.target) == (action, executors, target)
+    assert decision.wanted_more == (action == HOLD and lags[: POLICY.runs] == [90, 120, 75])  # at max
     assert decision.why
 
 
@@ -82,16 +83,24 @@ def test_a_bad_table_is_refused_in_one_line(tmp_path: Path, table: str, says: st
         load_config({"RELAY_DATA_DIR": str(data)})
 
 
-def _last(action: str, why: str, executors: int = 2, target: int = 2) -> dict:
-    body = {"action": action, "executors": executors, "target": target, "why": why}
+def _last(action: str, why: str, executors: int = 2, target: int = 2, wanted_more: bool = False) -> dict:
+    body = {
+        "action": action,
+        "executors": executors,
+        "target": target,
+        "why": why,
+        "wanted_more": wanted_more,
+    }
     return {"body": body, "created_at": 1.0}
 
 
 def test_the_finding_warns_only_when_behind_and_not_scaled() -> None:
     assert check_autoscale(POLICY, None).level.value == "OK"
     assert check_autoscale(POLICY, _last(UP, "behind > 60s in the last 3 checks", 1, 2)).level.value == "OK"
-    held = check_autoscale(POLICY, _last(HOLD, "behind > 60s in 3 checks, at max_executors", 3, 3))
+    held = check_autoscale(POLICY, _last(HOLD, "behind > 60s in 3 checks, at max_executors", 3, 3, True))
     assert held.level.value == "WARN" and "max_executors" in held.message and held.action
-    no_room = check_autoscale(POLICY, _last(HOLD, "behind > 60s in the last 3 checks; can't: no room"))
+    no_room = check_autoscale(
+        POLICY, _last(HOLD, "behind > 60s in the last 3 checks; can't: no room", wanted_more=True)
+    )
     assert no_room.level.value == "WARN"
     assert check_autoscale(POLICY, _last(HOLD, "within the policy")).level.value == "OK"

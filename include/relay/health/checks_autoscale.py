@@ -22,8 +22,7 @@ def check_autoscale(policy: AutoscalePolicy, last: dict[str, Any] | None) -> Che
         return Check("autoscale", Level.OK, f"lag policy on ({bounds}); no decision yet", data)
     body = last["body"]
     said = f"{body['action']} {body['executors']} -> {body['target']}: {body['why']}"
-    wanted_more = body["action"] == "hold" and body["why"].startswith("behind")
-    if wanted_more:
+    if body.get("wanted_more"):
         return Check(
             "autoscale",
             Level.WARN,

@@ -35,6 +35,7 @@ class Decision:
     executors: int  # now
     target: int  # after (= executors on hold)
     why: str
+    wanted_more: bool = False  # a hold although behind: at max_executors, or green would not fit
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,7 +58,7 @@ def decide(policy: AutoscalePolicy, lags: list[float | None], executors: int, bu
     if len(behind) == policy.runs and all(lag is not None and lag > policy.lag_seconds for lag in behind):
         if executors >= policy.max_executors:
             why = f"behind > {policy.lag_seconds:g}s in {policy.runs} checks, at max_executors"
-            return Decision(HOLD, executors, executors, why)
+            return Decision(HOLD, executors, executors, why, wanted_more=True)
         why = f"behind > {policy.lag_seconds:g}s in the last {policy.runs} checks"
         return Decision(UP, executors, executors + 1, why)
     idle = lags[: policy.idle_runs]
@@ -109,7 +110,8 @@ def autoscale(config: RelayConfig, progress: Progress = lambda _: None, act: boo
         return _record(ledger, config, decision, None)
     plan = scale(config, decision.target, plan=True)
     if plan.get("blocked"):
-        held = Decision(HOLD, executors, executors, f"{decision.why}; can't: {'; '.join(plan['blocked'])}")
+        why = f"{decision.why}; can't: {'; '.join(plan['blocked'])}"
+        held = Decision(HOLD, executors, executors, why, wanted_more=True)
         return _record(ledger, config, held, None)
     progress(f"autoscale {config.pipeline}: {decision.why}: {executors} -> {decision.target} executors")
     result = scale(config, decision.target, progress=progress)
