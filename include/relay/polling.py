@@ -47,12 +47,13 @@ def poll(
     raised (as the cause of ``on_timeout()``); any other exception ends the wait at once. ``note``
     gets the seconds waited, about every ``note_every_s`` (progress output on long waits).
     """
-    noted = [0.0]
+    noted = 0.0
 
     def before_sleep(state: RetryCallState) -> None:
+        nonlocal noted
         waited = state.seconds_since_start or 0.0
-        if note is not None and waited - noted[0] >= note_every_s:
-            noted[0] = waited
+        if note is not None and waited - noted >= note_every_s:
+            noted = waited
             note(waited)
 
     retrying = Retrying(
