@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from relay.ledger import revision
@@ -103,3 +104,48 @@ def throwaway_revision(tmp_path: Path, fail: bool = False) -> tuple[Path, str]:
         )
     )
     return location, path.name.split("_", 1)[0]
+
+
+def columns(url: str, table: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {c["name"] for c in inspect(conn).get_columns(table)}
+    finally:
+        engine.dispose()
+
+
+def check_a_future_migration_runs_once(url: str, tmp_path: Path, monkeypatch: Any) -> None:
+    """A throwaway next revision: the first open of an existing ledger migrates it, the second finds
+    it at the new head; its table and column are there."""
+    from relay.ledger.store import Ledger
+
+    create_ledger(url)  # at today's head
+    location, rev_id = throwaway_revision(tmp_path)
+    assert rev_id == f"{int(revision.HEAD) + 1:04d}"
+    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
+    monkeypatch.setattr(revision, "HEAD", rev_id)
+    for _ in range(2):
+        ledger = Ledger(url)
+        assert ledger.instances("p") == []
+        ledger.close()
+        assert version_rows(url) == [rev_id]
+    assert EXTRA_TABLE in tables(url)
+    assert "note" in columns(url, "pipelines")
+
+
+def check_a_failed_migration_changes_nothing(url: str, tmp_path: Path, monkeypatch: Any, schema: Any) -> None:
+    """A next revision failing halfway: its DDL and the stamp share Relay's transaction, so
+    ``schema(url)`` (the database's own description of itself) and the revision are as before."""
+    from relay.ledger.store import Ledger
+
+    create_ledger(url)
+    before = schema(url)
+    location, rev_id = throwaway_revision(tmp_path, fail=True)
+    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
+    monkeypatch.setattr(revision, "HEAD", rev_id)
+    with pytest.raises(RuntimeError, match="migration failed halfway"):
+        Ledger(url).instances("p")
+    monkeypatch.undo()
+    assert schema(url) == before and version_rows(url) == [revision.HEAD]
+    assert "note" not in columns(url, "pipelines")

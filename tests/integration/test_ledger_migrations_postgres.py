@@ -14,15 +14,14 @@ from relay.errors import LedgerError
 from relay.ledger import revision
 from relay.ledger.engine import create_ledger, ledger_exists, make_engine
 from relay.ledger.store import Ledger
-from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from tests.ledger_migrations import (
-    EXTRA_TABLE,
+    check_a_failed_migration_changes_nothing,
+    check_a_future_migration_runs_once,
     race_create,
     schema_diffs,
     tables,
-    throwaway_revision,
     version_rows,
 )
 
@@ -82,35 +81,10 @@ def test_processes_racing_to_create_one_ledger_make_it_once(url: str) -> None:
 def test_a_future_migration_upgrades_an_existing_ledger_once(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    create_ledger(url)
-    location, rev_id = throwaway_revision(tmp_path)
-    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
-    monkeypatch.setattr(revision, "HEAD", rev_id)
-    for _ in range(2):
-        ledger = Ledger(url)
-        assert ledger.instances("p") == []
-        ledger.close()
-        assert version_rows(url) == [rev_id]
-    assert EXTRA_TABLE in tables(url)
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        assert "note" in {c["name"] for c in inspect(conn).get_columns("pipelines")}
-    engine.dispose()
+    check_a_future_migration_runs_once(url, tmp_path, monkeypatch)
 
 
 def test_a_migration_that_fails_halfway_leaves_the_ledger_as_it_was(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    create_ledger(url)
-    before = tables(url)
-    location, rev_id = throwaway_revision(tmp_path, fail=True)
-    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
-    monkeypatch.setattr(revision, "HEAD", rev_id)
-    with pytest.raises(RuntimeError, match="migration failed halfway"):
-        Ledger(url).instances("p")
-    monkeypatch.undo()
-    assert tables(url) == before and version_rows(url) == [revision.HEAD]
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        assert "note" not in {c["name"] for c in inspect(conn).get_columns("pipelines")}
-    engine.dispose()
+    check_a_failed_migration_changes_nothing(url, tmp_path, monkeypatch, tables)

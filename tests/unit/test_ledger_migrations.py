@@ -24,11 +24,10 @@ from relay_dev.ledger_revision import set_head
 from sqlalchemy import text
 
 from tests.ledger_migrations import (
-    EXTRA_TABLE,
+    check_a_failed_migration_changes_nothing,
+    check_a_future_migration_runs_once,
     race_create,
     schema_diffs,
-    tables,
-    throwaway_revision,
     version_rows,
 )
 
@@ -107,36 +106,14 @@ def test_processes_racing_to_create_one_ledger_make_it_once(url: str) -> None:
 def test_a_future_migration_upgrades_an_existing_ledger_once(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    create_ledger(url)  # at today's head
-    location, rev_id = throwaway_revision(tmp_path)
-    assert rev_id == f"{int(revision.HEAD) + 1:04d}"
-    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
-    monkeypatch.setattr(revision, "HEAD", rev_id)
-    for _ in range(2):  # the first open migrates, the second finds it at head
-        ledger = Ledger(url)
-        assert ledger.instances("p") == []
-        ledger.close()
-        assert version_rows(url) == [rev_id]
-    assert EXTRA_TABLE in tables(url)
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        assert "note" in [r[1] for r in conn.exec_driver_sql("PRAGMA table_info(pipelines)")]
-    engine.dispose()
+    check_a_future_migration_runs_once(url, tmp_path, monkeypatch)
 
 
 def test_a_migration_that_fails_halfway_leaves_the_ledger_as_it_was(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The DDL and the stamp share Relay's transaction (SQLite's DDL is transactional too)."""
-    create_ledger(url)
-    before = _sqlite_schema(url)
-    location, rev_id = throwaway_revision(tmp_path, fail=True)
-    monkeypatch.setattr(revision, "SCRIPT_LOCATION", location)
-    monkeypatch.setattr(revision, "HEAD", rev_id)
-    with pytest.raises(RuntimeError, match="migration failed halfway"):
-        Ledger(url).instances("p")
-    monkeypatch.undo()
-    assert _sqlite_schema(url) == before and version_rows(url) == [revision.HEAD]
+    check_a_failed_migration_changes_nothing(url, tmp_path, monkeypatch, _sqlite_schema)
 
 
 def test_the_developer_tool_moves_head(tmp_path: Path) -> None:
