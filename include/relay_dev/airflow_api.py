@@ -18,13 +18,13 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import requests
 import urllib3
 from relay.config import RelayConfig
 from relay.errors import StackError
-from relay.operations.waits import WaitTimeout, wait_in_process
+from relay.polling import poll
 
 if TYPE_CHECKING:
     from airflow_client.client import (
@@ -204,13 +204,16 @@ class AirflowApi:
 
     def wait_dag(self, dag_id: str, timeout_s: float = 120) -> DAGResponse:
         """Wait until the dag-processor has parsed ``dag_id`` (a trigger before that is a 404)."""
-        parsed = _Until(lambda: self.dag(dag_id))
-        try:
-            wait_in_process(parsed, timeout_s, f"DAG {dag_id} parsed", poll_s=1)
-        except WaitTimeout:
-            raise StackError(f"DAG {dag_id} not parsed within {timeout_s:.0f}s (see import errors)") from None
-        assert parsed.found is not None
-        return parsed.found
+        found = poll(
+            lambda: self.dag(dag_id),
+            timeout_s,
+            1.0,
+            on_timeout=lambda: StackError(
+                f"DAG {dag_id} not parsed within {timeout_s:.0f}s (see import errors)"
+            ),
+        )
+        assert found is not None  # poll raises on timeout
+        return found
 
     def unpause(self, dag_id: str) -> None:
         from airflow_client.client import DAGPatchBody
@@ -252,18 +255,6 @@ class AirflowApi:
         return "\n".join(lines)
 
 
-class _Until(Generic[T]):
-    """A :func:`wait_in_process` wait on ``poll``: done once it returns something, kept in ``found``."""
-
-    def __init__(self, poll: Callable[[], T | None]) -> None:
-        self.poll = poll
-        self.found: T | None = None
-
-    def check(self) -> dict[str, Any] | None:
-        self.found = self.poll()
-        return None if self.found is None else {}
-
-
 def trigger_dag_rest(
     config: RelayConfig, dag_id: str, conf: dict[str, Any], unpause: bool = True, parse_timeout_s: float = 120
 ) -> DAGRunResponse:
@@ -300,13 +291,14 @@ def wait_dag_run(
         last = run.state.value
         return run if last in FINAL_RUN_STATES else None
 
-    until = _Until(ended)
-    try:
-        wait_in_process(until, timeout, f"the end of dag run {dag_id}/{run_id}", poll_s=1)
-    except WaitTimeout:
-        raise StackError(f"dag run {dag_id}/{run_id} still {last} after {timeout:.0f}s") from None
-    assert until.found is not None
-    return until.found
+    run = poll(
+        ended,
+        timeout,
+        1.0,
+        on_timeout=lambda: StackError(f"dag run {dag_id}/{run_id} still {last} after {timeout:.0f}s"),
+    )
+    assert run is not None  # poll raises on timeout
+    return run
 
 
 def api_health(config: RelayConfig, timeout_s: float = 3) -> tuple[bool, str]:
