@@ -31,7 +31,7 @@ def _active(ledger: Ledger, cfg: RelayConfig) -> int:
 
 
 def _scaled(decision: dict, action: str, target: int) -> None:
-    assert decision["action"] == action and decision["target"] == target, decision
+    assert decision["action"] == action and decision["target"] == target, f"{decision['why']}: {decision}"
     done = decision["scale"]
     assert done["state"] == "DONE" and done["duplicates"] == 0 and done["gaps"] == 0, decision
 
