@@ -294,6 +294,27 @@ def test_versions_lists_newest_first_with_who_runs_which_and_the_rollback_target
     assert "1002.0" not in text
 
 
+def test_a_pipeline_with_its_own_folder_is_kept_from_pruning_by_its_own_instances_only(
+    config: RelayConfig, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Another pipeline running a version of the same name (its own ``v1``, in its own folder)
+    neither keeps this pipeline's ``v1`` nor is named as the reason; in the shared folder it must."""
+    instance(ledger, "v1", InstanceState.ACTIVE, pipeline="other")
+    own = config.with_(pipelines_file=tmp_path / "pipelines.toml", keep_versions=2)
+    for cfg in (own, config.with_(keep_versions=2)):
+        for i in range(1, 4):
+            small_artifact(cfg, f"v{i}", built_at=1000.0 + i)
+    assert artifacts_dir(own) != artifacts_dir(config)
+
+    assert rb.versions_view(own, ledger)["versions"][-1]["kept_because"] == ""
+    assert rb.prune_versions(own, ledger)["removed"] == ["v1"]
+    assert versions_on_disk(own) == ["v2", "v3"]
+
+    shared = rb.versions_view(config, ledger)["versions"][-1]
+    assert shared["kept_because"].startswith("other instance 1 runs it (ACTIVE)")
+    assert rb.prune_versions(config.with_(keep_versions=2), ledger)["removed"] == []
+
+
 def test_versions_without_a_ledger_still_lists_the_artifacts(config: RelayConfig, tmp_path: Path) -> None:
     small_artifact(config, "v1", built_at=1000.0)
     view = rb.versions_view(config, Ledger(f"sqlite:///{tmp_path / 'none.db'}"))

@@ -134,12 +134,20 @@ def remove_artifact(art: Artifact) -> None:
     shutil.rmtree(doomed)
 
 
-def protected_versions(ledger: Ledger) -> dict[str, list[str]]:
-    """version -> why it must stay, over every pipeline of the ledger."""
+def sharing_folder(config: RelayConfig) -> list[str] | None:
+    """The pipelines whose versions live in ``config``'s artifacts folder: this one alone when a
+    pipelines file gives each its own folder; None (every pipeline of the ledger) for the shared
+    ``artifacts/`` folder, where any pipeline run without a file may have built its versions."""
+    return [config.pipeline] if config.pipelines_file is not None else None
+
+
+def protected_versions(ledger: Ledger, pipelines: list[str] | None = None) -> dict[str, list[str]]:
+    """version -> why it must stay, over ``pipelines`` (default: every pipeline of the ledger)."""
     from relay.operations.deploy import current_version
 
-    with ledger.tx() as conn:
-        pipelines = [row[0] for row in conn.execute(select(s.pipelines.c.name)).all()]
+    if pipelines is None:
+        with ledger.tx() as conn:
+            pipelines = [row[0] for row in conn.execute(select(s.pipelines.c.name)).all()]
     why: dict[str, list[str]] = defaultdict(list)
     for p in pipelines:
         instances = ledger.instances(p)
@@ -167,7 +175,7 @@ def prune_versions(config: RelayConfig, ledger: Ledger) -> dict:
     """
     arts = all_artifacts(config)
     try:
-        protected = protected_versions(ledger)
+        protected = protected_versions(ledger, sharing_folder(config))
     except LedgerError as exc:
         return {
             "keep_versions": config.keep_versions,
@@ -193,7 +201,7 @@ def versions_view(config: RelayConfig, ledger: Ledger) -> dict:
     """``relay versions``: every artifact, newest first, who runs it and which one a rollback takes."""
     note, live, previous, protected = None, [], None, {}
     try:
-        protected = protected_versions(ledger)
+        protected = protected_versions(ledger, sharing_folder(config))
         live = ledger.instances(config.pipeline, live_only=True)
         with contextlib.suppress(OperationError):
             previous = previous_version(config, ledger)
