@@ -8,10 +8,11 @@ Sections (each can be run alone with ``--only``): throughput, overhead, ledger, 
 memory, pipeline (a user pipeline, examples/json_upsert, warm burst and cold deploy against
 hand-written consumers b1..b4 doing the same upserts), latency (produce -> row visible, against b2 as
 a continuous consumer), smallbatch (json_upsert's small-batch trigger-to-commit against Spark's rate
-source, same sink and deploy mode). The stack (noida-db, Spark master + worker, and PostgreSQL for
-the ledger, pipeline, latency and smallbatch sections) runs on free loopback ports under
-``var/bench/<timestamp>/`` and is always stopped by PID at the end, also on failure. Results go to
-``var/bench/results-<timestamp>.json``.
+source, same sink and deploy mode), failover (a hot standby's takeover against Spark's relaunch),
+failover-hosts (a whole host lost, on the namespace cluster; needs root). The stack (noida-db,
+Spark master + worker, and PostgreSQL for the ledger, pipeline, latency and smallbatch sections)
+runs on free loopback ports under ``var/bench/<timestamp>/`` and is always stopped by PID at the end,
+also on failure. Results go to ``var/bench/results-<timestamp>.json``.
 This package imports neither pyspark nor Airflow: the Spark baselines run as a subprocess
 (``bench/rate_overhead.py``) or as a cluster-mode driver (``rate_pipeline_driver.py``).
 
@@ -28,6 +29,7 @@ Modules:
   ``latency``, ``smallbatch``: one section each (``rate_pipeline_driver.py``: smallbatch's
   Spark-side driver, submitted to the bench's cluster as a file; ``pipeline_backlog``: the
   pipeline's backlog and b1; ``baselines``: the hand-written consumers b2..b4);
+- ``failover_hosts``: the failover section's host loss on the namespace cluster (root; skipped otherwise);
 - ``runner``: ``run_bench``, the run on a private stack, always stopped at the end.
 
 The names below are re-exported so ``from relay_dev.bench import X`` keeps working.

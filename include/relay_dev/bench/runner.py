@@ -14,6 +14,7 @@ from relay.errors import RelayError
 from .cluster import bench_config
 from .context import Context, kill_child
 from .failover import section_failover
+from .failover_hosts import section_failover_hosts
 from .latency import section_latency
 from .ledger import section_ledger
 from .memory import section_memory
@@ -44,8 +45,10 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "latency": section_latency,
     "smallbatch": section_smallbatch,
     "failover": section_failover,
+    "failover-hosts": section_failover_hosts,
 }
-NEEDS_STACK = frozenset(SECTIONS) - {"ledger"}  # ledger runs in-process on private databases
+# ledger runs in-process on private databases; failover-hosts on a namespace cluster of its own
+NEEDS_STACK = frozenset(SECTIONS) - {"ledger", "failover-hosts"}
 
 
 def results_copy_path(results_dir: Path, options: BenchOptions, stamp: str) -> Path:
