@@ -141,6 +141,34 @@ def test_timeline_has_instances_operations_h_and_gaps(story: tuple[Ledger, Story
     ] == told.instances[2:]
 
 
+def test_the_page_names_a_hot_standby_a_failover_and_a_scale() -> None:
+    """A failover is not a recovery, a scale (an upgrade to the same version with other resources)
+    not a version change, and a waiting standby's card says what it is."""
+    base = {"state": "DONE", "created_at": NOW - 60, "updated_at": NOW - 59, "history": [], "params": {}}
+    fail = {"data": {"from_instance": 1, "to_instance": 2, "reason": "no heartbeat of instance 1 for 3.0s"}}
+    failover = series.operation_event({**base, "id": 7, "kind": "failover", **fail})
+    assert (failover["label"], failover["reason"]) == ("failover #1 \u2192 #2", fail["data"]["reason"])
+    assert "strategy" not in failover and "targets" not in failover
+    wide = {"version": "v2", "resources": {"cores_max": 4, "executor_cores": 2}}
+    scaled_from = {"blue_version": "v2"}
+    scaled = series.operation_event({**base, "id": 8, "kind": "upgrade", "params": wide, "data": scaled_from})
+    assert scaled["label"] == "scale v2 to 2 executor(s)"
+    upgraded = series.operation_event(
+        {
+            **base,
+            "id": 9,
+            "kind": "upgrade",
+            "params": {**wide, "version": "v3"},
+            "data": {"blue_version": "v2"},
+        }
+    )
+    assert upgraded["label"] == "upgrade v2 \u2192 v3"
+    inst = {"id": 2, "version": "v2", "color": "green", "state": "READY", "current_epoch": 1}
+    stamps = {"created_at": NOW, "updated_at": NOW}
+    [card] = panels.instance_cards([{**inst, **stamps, "role": "hot-standby"}], {}, {})
+    assert card["role"] == "hot-standby"
+
+
 def test_bucketing_keeps_the_totals() -> None:
     batches = [
         {

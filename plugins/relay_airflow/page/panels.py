@@ -27,6 +27,7 @@ def instance_cards(
                 "color": inst["color"],
                 "swatch": instance_color(inst["color"], inst["id"]),
                 "state": inst["state"],
+                "role": inst.get("role"),  # "hot-standby" while one waits to take a dead driver's place
                 "epoch": inst["current_epoch"],
                 "attempts": len(tries),
                 "attempt_state": current["state"] if current else None,

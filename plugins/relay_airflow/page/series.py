@@ -285,7 +285,16 @@ def operation_event(op: dict) -> dict[str, Any]:
             {"state": h["state"], "at": h["at"], "iso": iso(h["at"])} for h in op.get("history") or []
         ],
     }
-    if op["kind"] == "upgrade":
+    if op["kind"] == "failover":
+        event.update(
+            from_instance=data.get("from_instance"),
+            to_instance=data.get("to_instance"),
+            reason=data.get("reason") or "",
+            handoff_at=data.get("failed_over_at"),
+            handoff_iso=iso(data.get("failed_over_at")),
+            label=f"failover #{data.get('from_instance', '?')} \u2192 #{data.get('to_instance', '?')}",
+        )
+    elif op["kind"] == "upgrade":
         handoff = {int(p): int(o) for p, o in (data.get("handoff") or {}).items()}
         event.update(
             from_version=data.get("blue_version"),
@@ -293,7 +302,7 @@ def operation_event(op: dict) -> dict[str, Any]:
             handoff=[{"partition": p, "offset": o} for p, o in sorted(handoff.items())],
             handoff_at=data.get("handoff_at"),
             handoff_iso=iso(data.get("handoff_at")),
-            label=f"upgrade {data.get('blue_version', '?')} \u2192 {params.get('version', '?')}",
+            label=_upgrade_label(data.get("blue_version"), params.get("version"), params.get("resources")),
         )
     else:
         plan = (data.get("plan") or {}).get("partitions") or []
@@ -305,6 +314,14 @@ def operation_event(op: dict) -> dict[str, Any]:
             label=f"recovery ({params.get('strategy', '?')})",
         )
     return event
+
+
+def _upgrade_label(blue: str | None, green: str | None, resources: dict | None) -> str:
+    """An upgrade to the same version with other resources is a scale (relay scale, the autoscale policy)."""
+    if resources and blue == green:
+        cores, per = resources.get("cores_max"), resources.get("executor_cores") or 1
+        return f"scale {blue} to {max(int(cores) // int(per), 1)} executor(s)" if cores else f"scale {blue}"
+    return f"upgrade {blue or '?'} \u2192 {green or '?'}"
 
 
 def gap_event(gap: dict) -> dict[str, Any]:

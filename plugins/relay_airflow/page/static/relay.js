@@ -115,7 +115,8 @@
       card.dataset.instance = c.id;
       card.dataset.state = c.state;
       card.style.borderTopColor = c.swatch;
-      card.appendChild(text("div", "#" + c.id + " " + c.version + " \u2022 " + c.color, "title"));
+      card.dataset.role = c.role || "";
+      card.appendChild(text("div", "#" + c.id + " " + c.version + " \u2022 " + c.color + (c.role === "hot-standby" ? " \u2022 hot standby" : ""), "title"));
       card.appendChild(text("div", c.state + (c.attempt_state ? " \u2022 attempt " + c.attempt_state : "") + " \u2022 epoch " + c.epoch + " \u2022 " + c.attempts + " attempt(s)"));
       card.appendChild(text("div", "since " + local(c.created_iso), "muted"));
       if (c.error) card.appendChild(text("div", c.error, "error"));

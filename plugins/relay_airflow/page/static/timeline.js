@@ -51,9 +51,10 @@
 
     ops.forEach(function (op) {
       var x0 = x(op.start), x1 = Math.max(x(op.end), x0 + 4);
-      var color = op.kind === "upgrade" ? "#7c3aed" : "#ea580c";
+      var color = op.kind === "upgrade" ? "#7c3aed" : op.kind === "failover" ? "#0891b2" : "#ea580c";
       var g = el("g", { "class": "op op-" + op.kind }, svg);
       var text = op.label + " #" + op.id + " " + op.state + " (" + localTime(op.start, true) + ")";
+      if (op.reason) text += "\n" + op.reason;
       if (op.handoff && op.handoff.length) {
         text += "\nH: " + op.handoff.map(function (h) { return "p" + h.partition + "=" + h.offset; }).join(", ");
       }
