@@ -22,6 +22,7 @@ from relay.config import RelayConfig
 from relay.errors import OperationError, RelayError
 from relay.polling import poll
 
+from relay_dev.chaos.procs import Proc, read_proc
 from relay_dev.stack import WORKERS, LocalStack, Part
 from relay_dev.supervision import group_pids
 
@@ -53,6 +54,20 @@ def worker_of(config: RelayConfig, stack: LocalStack, ledger: Any, instance_id: 
         if worker is not None and worker.webui.endswith(f":{stack.worker_ui_port(part)}"):
             return part, worker.id
     raise OperationError(f"instance {instance_id}'s driver {submission!r} is on no worker of this stack")
+
+
+def _kind(proc: Proc) -> str:
+    """What one process of a worker's group is, for the record of what a host loss took."""
+    text = proc.text
+    for marker, kind in (
+        ("deploy.worker.Worker", "worker"),
+        ("DriverWrapper", "driver JVM"),
+        ("CoarseGrainedExecutorBackend", "executor JVM"),
+        ("pipeline_driver.py", "driver Python"),
+    ):
+        if marker in text:
+            return kind
+    return "python worker" if "python" in text else (proc.cmdline[0] if proc.cmdline else "?")
 
 
 def _worker_back(config: RelayConfig, stack: LocalStack, part: Part, old_id: str) -> str:
@@ -106,18 +121,17 @@ def lose_host(
     pgid = os.getpgid(pid)
     if pgid == os.getpgrp():
         raise OperationError(f"{lost.value} (pid {pid}) is in the bench's own process group")
-    details["killed_pids"] = len(group_pids(pgid))
+    killed = [p for pid in group_pids(pgid) if (p := read_proc(pid)) is not None]
+    details["killed"] = sorted(_kind(p) for p in killed)
     at = time.time()
     os.killpg(pgid, signal.SIGKILL)
     back = first_commit_after(at)
     progress(
         f"failover: SIGKILL worker host {lost.value} (group {pgid}): first commit {back - at:.1f}s later"
     )
-    t0 = time.monotonic()
     details["worker_back_id"] = _worker_back(config, stack, lost, lost_id)
     details["worker_back_s"] = round(time.time() - at, 1)
     progress(f"failover: {lost.value} back at the master {details['worker_back_s']}s after the kill")
-    details["waited_for_worker_s"] = round(time.monotonic() - t0, 1)
     return at, back, details
 
 
