@@ -1,8 +1,11 @@
 """Section ``failover``: the pause a dead driver costs with a hot standby, beside the master's relaunch.
 
 The counter (examples/counter, ``standby = "hot"``) under a steady 1,000 msg/s, once on a SQLite and
-once on a PostgreSQL ledger. In one run: steady state with the standby waiting; SIGKILL of the
+once on a PostgreSQL ledger, on two workers (the stack's second worker part is added: two hosts, the
+standby placed on the other one). In one run: steady state with the standby waiting; SIGKILL of the
 active's Python driver (the standby takes over); a new standby; SIGKILL of the active's driver JVM;
+a new standby; SIGKILL of the active's whole worker host (its process group: worker, driver JVM and
+Python, executors; :mod:`.failover_faults`), its worker back by supervisord before the next standby;
 the standby stopped and steady state without one; SIGKILL of the Python driver again, which Spark's
 supervision now relaunches. Per record the production -> application latency (``pause``); a fault's
 pause is its window's longest latency minus steady state's longest (goal: 5 s). The standby's cost:
@@ -25,6 +28,7 @@ from relay_dev.chaos.procs import read_proc
 
 from .cluster import latest_offsets, wait_caught_up
 from .context import Context
+from .failover_faults import add_second_worker, check_replaced, lose_host
 from .pause import (
     application_times,
     exactly_once_counts,
@@ -176,7 +180,7 @@ def _kill(cfg: RelayConfig, ledger: Any, target: str, progress: Any) -> tuple[fl
     return at, back
 
 
-def run_one(ctx: Context, cfg: RelayConfig, settle: float, steady: float) -> dict[str, Any]:
+def run_one(ctx: Context, stack: Any, cfg: RelayConfig, settle: float, steady: float) -> dict[str, Any]:
     """One ledger's run (see the module): windows, costs, per-record exactness."""
     from relay.kafka.offsets import KafkaOffsets
     from relay.ledger.store import Ledger
@@ -191,6 +195,7 @@ def run_one(ctx: Context, cfg: RelayConfig, settle: float, steady: float) -> dic
     deploy(cfg, version="v1", wait_s=600, progress=say)
     windows: dict[str, tuple[float, float]] = {}
     costs: dict[str, Any] = {}
+    host: dict[str, Any] = {}
     producer = RateProducer(cfg, RATE)
     producer.start()
     try:
@@ -206,8 +211,23 @@ def run_one(ctx: Context, cfg: RelayConfig, settle: float, steady: float) -> dic
             at, back = _kill(cfg, ledger, target, say)
             time.sleep(settle)
             windows[f"SIGKILL {target}, hot standby"] = (at, back + settle)
-            _ready_standby(cfg, ledger, say)
+            standby = _ready_standby(cfg, ledger, say)
             time.sleep(settle)
+        at, back, host = lose_host(
+            cfg,
+            stack,
+            ledger,
+            _active(cfg, ledger),
+            standby,
+            lambda t: _first_commit_after(cfg, ledger, t),
+            say,
+        )
+        windows["SIGKILL worker host, hot standby"] = (at, back + settle)
+        time.sleep(max(0.0, back + settle - time.time()))  # the worker is usually back later
+        standby = _ready_standby(cfg, ledger, say)  # after the worker is back: placed on it
+        check_replaced(cfg, stack, ledger, _active(cfg, ledger), standby, host)
+        say(f"failover: host loss: {host}")
+        time.sleep(settle)
         stop_standbys(cfg, ledger, say)
         time.sleep(settle)
         s0 = time.time()
@@ -235,6 +255,7 @@ def run_one(ctx: Context, cfg: RelayConfig, settle: float, steady: float) -> dic
         "exactly_once": exactly_once_counts(produced, applied),
         "unmatched": unmatched,
         "failovers": [op["data"] for op in ledger.operations(cfg.pipeline, "failover", 10)],
+        "host_loss": host,
     }
 
 
@@ -246,17 +267,18 @@ def section_failover(ctx: Context) -> dict[str, Any]:
     base = ctx.config.with_(standby="hot", max_offsets_per_trigger=None, trigger_seconds=0.1)
     settle, steady = (5.0, 15.0) if ctx.options.quick else (10.0, 30.0)
     runs: dict[str, Any] = {}
+    stack = add_second_worker(ctx.config, ctx.progress)  # the standby's host; stopped with the stack
     sqlite_url = f"sqlite:///{ctx.work_dir / 'failover.db'}"
     create_ledger(sqlite_url)
     runs["sqlite"] = run_one(
-        ctx, base.with_(pipeline="fo_sqlite", topic="fo_sqlite", ledger_url=sqlite_url), settle, steady
+        ctx, stack, base.with_(pipeline="fo_sqlite", topic="fo_sqlite", ledger_url=sqlite_url), settle, steady
     )
     pg = LocalPostgres(ctx.config.data_dir, ctx.config.ports.postgres, ctx.config.host)
     try:
         url = pg.start()
         create_ledger(url)
         runs["postgres"] = run_one(
-            ctx, base.with_(pipeline="fo_pg", topic="fo_pg", ledger_url=url), settle, steady
+            ctx, stack, base.with_(pipeline="fo_pg", topic="fo_pg", ledger_url=url), settle, steady
         )
     finally:
         with contextlib.suppress(RelayError):
@@ -279,6 +301,9 @@ def section_failover(ctx: Context) -> dict[str, Any]:
                 figure(f"{ledger_kind}: {who}: CPU", c["cpu_pct"], "% of a core"),
                 figure(f"{ledger_kind}: {who}: memory", c["rss_mb"], "MB"),
             ]
+        if run["host_loss"]:
+            back = run["host_loss"]["worker_back_s"]
+            figures.append(figure(f"{ledger_kind}: lost worker host back at the master", back, "s"))
         figures += [
             figure(f"{ledger_kind}: records applied twice (must be 0)", eo["duplicates"], "records"),
             figure(f"{ledger_kind}: records never applied (must be 0)", eo["gaps"], "records"),
