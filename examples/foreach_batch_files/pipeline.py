@@ -12,12 +12,18 @@ the records stay on the executors. How it keeps ``ForEachBatch``'s idempotence r
 2. Zombie: ``ctx.check_fence()`` right before the write (narrows the window, cannot close it).
 3. Newest wins: a file never replaces another range's file.
 4. Errors raise (the cursors move only once the function returned).
+5. Predecessors: an instance that died after writing a batch and before its ledger commit (a
+   failover, a crash during an upgrade) leaves a directory the next owner's first batch, planned to
+   another end, would not overwrite. Before writing, a batch with ``ctx.predecessors`` deletes the
+   directories whose ranges overlap its own on those partitions: nothing committed can overlap them
+   (committed ranges end at the cursor this batch starts from).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,6 +62,70 @@ def batch_dir_name(ranges: Mapping[tuple[str, int], tuple[int, int]]) -> str | N
     return name
 
 
+def overlaps(name: str, ranges: Mapping[tuple[str, int], tuple[int, int]], held: Any) -> bool | None:
+    """Whether directory ``name`` holds offsets of ``ranges`` on a partition in ``held``; None when
+    its name is a hash (the caller looks inside)."""
+    if name.startswith("ranges-sha256-"):
+        return None
+    for topic, partition, a, b in parse_dir_name(name):
+        first, end = ranges.get((topic, partition), (0, 0))
+        if (topic, partition) in held and a < end and first < b:
+            return True
+    return False
+
+
+PART = re.compile(r"(.+?)\.(\d+)\.(\d+)-(\d+)(?:_|$)")
+
+
+def parse_dir_name(name: str) -> list[tuple[str, int, int, int]]:
+    """``batch_dir_name``'s parts back, left to right (a topic may hold ``_``, the separator)."""
+    body, at, parts = name.removeprefix("ranges-"), 0, []
+    while at < len(body) and (m := PART.match(body, at)):
+        parts.append((m[1], int(m[2]), int(m[3]), int(m[4])))
+        at = m.end()
+    return parts
+
+
+def remove_predecessors_writes(root: str, df: Any, ctx: BatchContext) -> list[str]:
+    """Rule 5: delete what dead predecessors wrote of this batch's ranges after their last commit.
+
+    Through Spark's Hadoop filesystem, so any URL the write takes works; a hashed name is judged by
+    its records' (topic, partition, offset)."""
+    from pyspark.sql import functions as F
+
+    spark = df.sparkSession
+    jvm = spark._jvm
+    base = jvm.org.apache.hadoop.fs.Path(root)
+    fs = base.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(base):
+        return []
+    removed = []
+    for status in fs.listStatus(base):
+        name = status.getPath().getName()
+        if not name.startswith("ranges-"):
+            continue
+        hit = overlaps(name, ctx.ranges, ctx.predecessors)
+        if hit is None:
+            held = [
+                (F.col("topic") == t) & (F.col("partition") == p) & F.col("offset").between(a, b - 1)
+                for (t, p), (a, b) in ctx.ranges.items()
+                if (t, p) in ctx.predecessors
+            ]
+            rows = spark.read.schema("topic STRING, partition INT, offset BIGINT").json(str(status.getPath()))
+            hit = bool(held) and not rows.where(_any(held)).limit(1).isEmpty()
+        if hit:
+            fs.delete(status.getPath(), True)
+            removed.append(name)
+    return removed
+
+
+def _any(conditions: list[Any]) -> Any:
+    out = conditions[0]
+    for c in conditions[1:]:
+        out = out | c
+    return out
+
+
 def write_batch(root: str, df: Any, ctx: BatchContext) -> int:
     """One directory per batch range, overwritten on a replay; returns the rows written."""
     from pyspark.sql import Observation
@@ -66,6 +136,8 @@ def write_batch(root: str, df: Any, ctx: BatchContext) -> int:
         return 0
     counted = Observation(f"relay_batch_{ctx.batch_id}")
     out = df.observe(counted, F.count(F.lit(1)).alias("rows"))
+    if ctx.predecessors:
+        remove_predecessors_writes(root, df, ctx)  # rule 5, before this batch writes
     ctx.check_fence()  # rule 2: a zombie stops here (the target itself cannot fence a file)
     out.write.mode("overwrite").json(f"{root.rstrip('/')}/{name}")
     return int(counted.get["rows"])
