@@ -26,6 +26,7 @@ import pytest
 from relay.artifacts import build_artifact
 from relay.audit import audit, render
 from relay.config import PROJECT_ROOT, RelayConfig
+from relay.crashpoints import CRASH_ONCE_DIR_ENV, arm_once
 from relay.kafka.offsets import KafkaOffsets
 from relay.ledger.models import InstanceState
 from relay.ledger.store import Ledger
@@ -233,18 +234,35 @@ def on_postgres(stack: RelayConfig, postgres_url: str) -> Iterator[RelayConfig]:
     shutil.rmtree(cfg.data_dir / f"{name}-out", ignore_errors=True)
 
 
+WORST = "pipeline.before_ledger_commit"  # the batch's writes done, its cursors not committed
+
+
 @pytest.mark.parametrize(
-    "sink",
+    ("sink", "kill"),
     [
-        "upsert",
-        pytest.param("counter", marks=pytest.mark.slow),
-        pytest.param("foreach_batch", marks=pytest.mark.slow),
+        ("upsert", "sigkill"),
+        pytest.param("upsert", "before_commit", marks=pytest.mark.slow),
+        pytest.param("counter", "sigkill", marks=pytest.mark.slow),
+        pytest.param("counter", "before_commit", marks=pytest.mark.slow),
+        pytest.param("foreach_batch", "sigkill", marks=pytest.mark.slow),
+        pytest.param("foreach_batch", "before_commit", marks=pytest.mark.slow),
     ],
 )
 def test_a_hot_standby_takes_over_a_killed_driver_and_the_sink_holds_each_record_once(
-    sink: str, on_postgres: RelayConfig, postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sink: str,
+    kill: str,
+    on_postgres: RelayConfig,
+    postgres_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``sigkill``: the active's Python driver SIGKILLed wherever it is; ``before_commit``: it exits hard
+    after its batch was written to the sink, before the ledger commit (the standby takes over a
+    range written past the cursor)."""
     cfg = on_postgres
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    monkeypatch.setenv(CRASH_ONCE_DIR_ENV, str(faults))  # forwarded to the drivers; armed later
     case = SETUPS[sink](cfg, tmp_path, postgres_url, monkeypatch)
     ledger = Ledger(cfg.ledger_url)
     with pipeline_run(cfg):
@@ -260,9 +278,13 @@ def test_a_hot_standby_takes_over_a_killed_driver_and_the_sink_holds_each_record
                 lambda: len(ledger.recent_batches(cfg.pipeline, 10_000, first)) > done,
                 timeout=120,
             )
-            _, pid = python_driver_pid(ledger, first)
             t0 = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
+            if kill == "sigkill":
+                _, pid = python_driver_pid(ledger, first)
+                os.kill(pid, signal.SIGKILL)
+            else:  # only the active runs batches now: it is the one to get there
+                arm_once(str(faults), WORST)
+                wait_for("the active to exit at " + WORST, lambda: not (faults / WORST).exists(), timeout=120)
             _taken_over(ledger, cfg, standby)
             took = time.monotonic() - t0
             after = len(ledger.recent_batches(cfg.pipeline, 10_000, standby))
@@ -272,11 +294,10 @@ def test_a_hot_standby_takes_over_a_killed_driver_and_the_sink_holds_each_record
                 timeout=120,
             )
         wait_for("the last records to be applied", lambda: caught_up(cfg, ledger), timeout=240, interval=1)
-        print(f"{sink}: SIGKILL of the active's Python driver, the standby's first commit {took:.1f}s later")
+        print(f"{sink}, {kill}: the standby's first commit {took:.1f}s after the kill")
 
-        assert [(f["from_instance"], f["to_instance"]) for f in failovers(ledger, cfg.pipeline)] == [
-            (first, standby)
-        ]
+        done = [(f["from_instance"], f["to_instance"]) for f in failovers(ledger, cfg.pipeline)]
+        assert done == [(first, standby)]
         assert ledger.instance(first).state is InstanceState.FENCED
         wait_for(
             "the killed driver's relaunch (if any) to end: the fenced instance runs nothing",
