@@ -182,6 +182,14 @@ def batch_files(out: Path, topic: str) -> tuple[Counter, list[str]]:
     return seen, unfinished
 
 
+def _holds(batch_dir: Path, record_id: int) -> bool:
+    return any(
+        json.loads(line)["id"] == record_id
+        for p in batch_dir.glob("part-*")
+        for line in p.read_text().splitlines()
+    )
+
+
 def foreach_batch_case(
     cfg: RelayConfig, folder: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Case:
@@ -210,9 +218,10 @@ def foreach_batch_case(
         want = kept(range(0, holder[0].next_id))
         twice = sorted(i for i, c in seen.items() if c > 1)
         missing, extra = sorted(want - set(seen)), sorted(set(seen) - want)
+        holding = sorted({d.name for i in twice[:1] for d in out.glob("ranges-*") if _holds(d, i)})
         assert (unfinished, twice, missing, extra) == ([], [], [], []), (
             f"unfinished {unfinished}; duplicates {twice[:20]} ({len(twice)}), missing {missing[:20]} "
-            f"({len(missing)}), not kept {extra[:20]} ({len(extra)})"
+            f"({len(missing)}), not kept {extra[:20]} ({len(extra)}); id {twice[:1]} is in {holding}"
         )
         report = audit(cfg, ledger)  # the ledger's committed ranges: Relay cannot read the files
         assert report.ok, render(report.to_json())
