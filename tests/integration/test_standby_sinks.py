@@ -254,7 +254,19 @@ WORST = "pipeline.before_ledger_commit"  # the batch's writes done, its cursors 
         pytest.param("counter", "sigkill", marks=pytest.mark.slow),
         pytest.param("counter", "before_commit", marks=pytest.mark.slow),
         pytest.param("foreach_batch", "sigkill", marks=pytest.mark.slow),
-        pytest.param("foreach_batch", "before_commit", marks=pytest.mark.slow),
+        pytest.param(
+            "foreach_batch",
+            "before_commit",
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.xfail(
+                    strict=True,
+                    reason="examples/foreach_batch_files ignores ctx.predecessors (ForEachBatch rule 5): the"
+                    " dead active's directory, written past its commit, stays beside the standby's first one"
+                    " (same start, later end), so its kept records are there twice",
+                ),
+            ],
+        ),
     ],
 )
 def test_a_hot_standby_takes_over_a_killed_driver_and_the_sink_holds_each_record_once(
