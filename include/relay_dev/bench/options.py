@@ -20,6 +20,7 @@ SECTIONS: tuple[str, ...] = (
     "latency",
     "smallbatch",
     "failover",
+    "autoscale",
 )
 
 

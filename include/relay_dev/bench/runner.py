@@ -11,6 +11,7 @@ from typing import Any
 from relay.config import PROJECT_ROOT
 from relay.errors import RelayError
 
+from .autoscale import section_autoscale
 from .cluster import bench_config
 from .context import Context, kill_child
 from .failover import section_failover
@@ -44,6 +45,7 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "latency": section_latency,
     "smallbatch": section_smallbatch,
     "failover": section_failover,
+    "autoscale": section_autoscale,
 }
 NEEDS_STACK = frozenset(SECTIONS) - {"ledger"}  # ledger runs in-process on private databases
 

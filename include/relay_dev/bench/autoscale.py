@@ -1,0 +1,346 @@
+"""Section ``autoscale``: a load step one executor core cannot keep up with, the lag policy off and on.
+
+Why the shuffling Kafka-to-Kafka example (examples/kafka_to_kafka, as tests/integration/
+test_autoscale.py runs it): its parse is spread over every executor core (``repartition``), so a
+second executor shortens each batch; the counter's batches wait on the ledger's database instead.
+Its output is counted from outside (confluent-kafka ``read_committed``): every kept input event once.
+
+One run, the same pipeline twice on its own topics, one executor at the start: first a calibration
+burst measures what one executor applies per second (``cap1``); the load step is then ``STEP_FACTOR``
+x ``cap1`` for ``step_s`` seconds, then nothing. Policy off: the lag (the health check's worst
+partition, seconds behind) sampled every ``SAMPLE_S`` over the window. Policy on: the same, and every
+``CHECK_S`` a persisted health check and one ``autoscale(cfg)`` decision (the health DAG's cadence
+shortened from minutes to seconds so a window fits in a bench run). A handoff's pause is the longest
+gap between two commits that moved a cursor during the scale, minus the median gap before it (the
+records are behind anyway: a per-record latency would measure the backlog, not the handoff).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from relay.config import PROJECT_ROOT, AutoscalePolicy, RelayConfig
+from relay.errors import OperationError, RelayError
+
+from .cluster import wait_caught_up
+from .context import Context
+from .results import figure
+
+EXAMPLE = PROJECT_ROOT / "examples" / "kafka_to_kafka"
+BOOTSTRAP_ENV = "KAFKA_TO_KAFKA_BOOTSTRAP"
+MAX_OFFSETS = 5000  # per batch: big enough that one executor core, not the read limit, bounds the rate
+TRIGGER_S = 1.0
+STEP_FACTOR = 1.5  # the step's rate over one executor's measured rate
+SAMPLE_S = 2.0
+CHECK_S = 4.0  # health check + autoscale cadence (the DAG's is minutes)
+CAUGHT_UP_S = 5.0  # behind by at most this: caught up (a batch interval or two)
+POLICY = AutoscalePolicy(max_executors=2, lag_seconds=10.0, runs=2, idle_runs=2, busy_below=0.5)
+
+
+# ------------------------------------------------------------------------------- pure (unit tested)
+def catch_up_s(samples: list[tuple[float, float | None]], limit: float = CAUGHT_UP_S) -> float | None:
+    """The time of the first sample after the peak from which the lag stays at most ``limit``
+    (None: still behind at the window's end, or never behind)."""
+    known = [(t, lag) for t, lag in samples if lag is not None]
+    if not known:
+        return None
+    peak = max(range(len(known)), key=lambda i: known[i][1])
+    if known[peak][1] <= limit:
+        return None
+    for i in range(peak + 1, len(known)):
+        if all(lag <= limit for _, lag in known[i:]):
+            return known[i][0]
+    return None
+
+
+def handoff_pause(commits: list[float], start: float, end: float) -> dict[str, float | None]:
+    """The longest gap between consecutive cursor-moving commits overlapping ``[start, end]``, the
+    median gap of the commits before ``start``, and their difference (the pause)."""
+    times = sorted(commits)
+    gaps = list(zip(times, times[1:], strict=False))
+    inside = [b - a for a, b in gaps if b >= start and a <= end]
+    before = [b - a for a, b in gaps if b < start]
+    longest = max(inside) if inside else None
+    steady = statistics.median(before[-30:]) if before else None
+    pause = longest - steady if longest is not None and steady is not None else None
+    return {"longest_gap_s": longest, "steady_gap_s": steady, "pause_s": pause}
+
+
+# ------------------------------------------------------------------------------------ the pipeline
+def package(root: Path, name: str, output: str) -> Path:
+    """The example copied as the user's package, reading topic ``name`` and writing ``output``."""
+    dest = root / f"kafka_to_kafka_{name}"
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    code = dest / "pipeline.py"
+    text = code.read_text()
+    for old, new in (
+        ('NAME = "kafka_to_kafka"', f'NAME = "{name}"'),
+        ('TOPIC = "kafka_to_kafka"', f'TOPIC = "{name}"'),
+        ('OUTPUT_TOPIC = "kafka_to_kafka_purchases"', f'OUTPUT_TOPIC = "{output}"'),
+    ):
+        if old not in text:
+            raise OperationError(f"examples/kafka_to_kafka no longer has {old!r}")
+        text = text.replace(old, new)
+    code.write_text(text)
+    return dest
+
+
+class Events:
+    """The example's JSON events on the pipeline's topic; ids continue across calls (one per record)."""
+
+    def __init__(self, cfg: RelayConfig) -> None:
+        from kafka import KafkaProducer
+
+        self.cfg, self.next = cfg, 0
+        self.producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all", linger_ms=5)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def burst(self, count: int) -> None:
+        self._send(count, None)
+
+    def start_step(self, rate: float, seconds: float) -> None:
+        """``rate`` events a second for ``seconds`` on a thread."""
+        self._thread = threading.Thread(target=self._send, args=(int(rate * seconds), rate), daemon=True)
+        self._thread.start()
+
+    def _send(self, count: int, rate: float | None) -> None:
+        from relay_dev.chaos.workloads import record
+
+        t0 = time.monotonic()
+        for i in range(1, count + 1):
+            if self._stop.is_set():
+                break
+            key, value = record("kafka", self.next, poison=False)
+            self.producer.send(self.cfg.topic, key=key, value=value)
+            self.next += 1
+            if rate and i % 20 == 0 and (ahead := t0 + i / rate - time.monotonic()) > 0:
+                self._stop.wait(ahead)
+        self.producer.flush(60)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+        with contextlib.suppress(Exception):  # closed already
+            self.producer.close()
+
+
+class LagSampler:
+    """The health check's worst lag (seconds), not persisted, every ``SAMPLE_S`` on a thread."""
+
+    def __init__(self, cfg: RelayConfig, t0: float) -> None:
+        self.cfg, self.t0 = cfg, t0
+        self.samples: list[tuple[float, float | None]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-lag", daemon=True)
+
+    def _run(self) -> None:
+        from relay.health import run_health
+        from relay.operations.autoscale import worst_lag_s
+
+        while not self._stop.is_set():
+            t = time.time()
+            try:
+                lag = worst_lag_s(run_health(self.cfg, persist=False).to_json())
+            except Exception as exc:  # noqa: BLE001 - a failed sample is a gap in the series, reported
+                lag = None
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.samples.append((round(t - self.t0, 1), None if lag is None else round(lag, 2)))
+            self._stop.wait(max(0.0, t + SAMPLE_S - time.time()))
+
+    def __enter__(self) -> LagSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def _batches(cfg: RelayConfig, since: float) -> list[tuple[float, float]]:
+    """(commit time, duration s) of the pipeline's batches that moved a cursor since ``since``."""
+    from relay.ledger import schema as s
+    from relay.ledger.store import Ledger
+    from sqlalchemy import select
+
+    b = s.batches
+    query = select(b.c.committed_at, b.c.duration_ms, b.c.ranges).where(
+        b.c.pipeline == cfg.pipeline, b.c.committed_at >= since
+    )
+    with Ledger(cfg.ledger_url).tx() as conn:
+        rows = conn.execute(query).all()
+    return sorted((float(r[0]), float(r[1] or 0) / 1000) for r in rows if r[2])
+
+
+def _policy_loop(cfg: RelayConfig, t0: float, until: float, say: Any) -> list[dict[str, Any]]:
+    """A persisted health check and one decision every ``CHECK_S`` until ``until`` (a scale that
+    started runs to its end)."""
+    from relay.health import run_health
+    from relay.operations.autoscale import autoscale
+
+    decisions = []
+    while time.time() < until:
+        tick = time.time()
+        run_health(cfg)
+        started = time.time()
+        body = autoscale(cfg, progress=say)
+        ended = time.time()
+        decisions.append({**body, "t_s": round(started - t0, 1), "ended_s": round(ended - t0, 1)})
+        if body["action"] != "hold":
+            say(
+                f"autoscale: {body['action']} {body['executors']} -> {body['target']} ({body['why']}) "
+                f"at {started - t0:.0f}s, done {ended - started:.0f}s later: {body.get('scale')}"
+            )
+        time.sleep(max(0.0, tick + CHECK_S - time.time()))
+    return decisions
+
+
+def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[str, Any]:
+    """Deploy, warm up (and calibrate when ``rate`` is None), the step, the window, the outside count."""
+    from relay.artifacts import build_artifact
+    from relay.kafka.offsets import KafkaOffsets
+    from relay.operations.deploy import deploy
+    from relay.operations.stop import stop
+    from relay.sinks import kafka_clients as kc
+    from relay.sinks.kafka_transactional import KafkaTransactionalSink
+
+    from relay_dev.chaos.workloads import count_kafka
+
+    say, quick = ctx.progress, ctx.options.quick
+    step_s, window_s = (60.0, 180.0) if quick else (120.0, 360.0)
+    output = f"{name}_out"
+    cfg = ctx.config.with_(
+        pipeline=name,
+        topic=name,
+        max_offsets_per_trigger=MAX_OFFSETS,
+        trigger_seconds=TRIGGER_S,
+        autoscale=POLICY if policy else None,
+    )
+    code = package(ctx.work_dir / "autoscale", name, output)
+    with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
+        kafka.ensure_topic(cfg.topic, cfg.partitions)
+    KafkaTransactionalSink(cfg.kafka_bootstrap, output).create_topic(cfg.partitions)
+    build_artifact(cfg, f"{name}-v1", pipeline_code=code)
+    out: dict[str, Any] = {"pipeline": name, "policy": policy, "step_s": step_s, "window_s": window_s}
+    events = Events(cfg)
+    t_begin = time.time()
+    try:
+        with mock.patch.dict(os.environ, {BOOTSTRAP_ENV: cfg.kafka_bootstrap}):  # green's launch too
+            mode = "on" if policy else "off"
+            say(f"autoscale: deploying {name} (examples/kafka_to_kafka, 1 executor, policy {mode})")
+            deploy(cfg, version=f"{name}-v1", wait_s=600, progress=say)
+            events.burst(MAX_OFFSETS)
+            wait_caught_up(cfg, say, 300, f"autoscale {name} warm-up")
+            if rate is None:
+                burst, t_cal = 10 * MAX_OFFSETS, time.time()
+                events.burst(burst)
+                wait_caught_up(cfg, say, 600, f"autoscale {name} calibration")
+                batches = _batches(cfg, t_cal)  # the burst's: to the commit that applied its last record
+                out["cap1_msg_s"] = burst / (batches[-1][0] - t_cal)
+                out["calibration_batch_s"] = statistics.median(d for _, d in batches)
+                rate = STEP_FACTOR * out["cap1_msg_s"]
+                say(f"autoscale: one executor applies {out['cap1_msg_s']:.0f} msg/s; step {rate:.0f} msg/s")
+            out["step_rate"] = rate
+            t0 = time.time()
+            with LagSampler(cfg, t0) as sampler:
+                events.start_step(rate, step_s)
+                if policy:
+                    out["decisions"] = _policy_loop(cfg, t0, t0 + window_s, say)
+                else:
+                    time.sleep(window_s)
+            out["lag"], out["lag_errors"] = sampler.samples, sampler.errors[:5]
+            events.close()
+            out["drain_after_window_s"] = wait_caught_up(cfg, say, 900, f"autoscale {name} (the rest)")
+        out["commits"] = [round(c, 3) for c, _ in _batches(cfg, t0)]
+        out["outside"] = count_kafka(cfg, output, {}).to_json()
+    finally:
+        events.close()
+        with contextlib.suppress(RelayError):
+            stop(cfg, timeout_s=120, progress=say)
+        kc.close_all()
+    out["t0"], out["t_begin"] = t0, t_begin
+    return out
+
+
+def _summary(run: dict[str, Any]) -> dict[str, Any]:
+    known = [lag for _, lag in run["lag"] if lag is not None]
+    last = next((lag for _, lag in reversed(run["lag"]) if lag is not None), None)
+    return {"end": last, "peak": max(known) if known else None, "caught_up_at": catch_up_s(run["lag"])}
+
+
+def section_autoscale(ctx: Context) -> dict[str, Any]:
+    off = run_one(ctx, "as_off", policy=False, rate=None)
+    on = run_one(ctx, "as_on", policy=True, rate=off["step_rate"])
+    figures = [
+        figure("one executor's rate (calibration burst)", off["cap1_msg_s"], "msg/s", better="higher"),
+        figure("load step rate", off["step_rate"], "msg/s", better="higher"),
+    ]
+    s_off, s_on = _summary(off), _summary(on)
+    figures += [
+        figure("lag at the window's end, policy on", s_on["end"], "s", "policy off", s_off["end"]),
+        figure("peak lag, policy on", s_on["peak"], "s", "policy off", s_off["peak"]),
+        figure(
+            "step start -> caught up, policy on",
+            s_on["caught_up_at"],
+            "s",
+            "policy off",
+            s_off["caught_up_at"],
+        ),
+    ]
+    scales = [d for d in on["decisions"] if d["action"] in ("up", "down")]
+    figures += [
+        figure("scale ups", sum(d["action"] == "up" for d in scales), "count", better="higher"),
+        figure("scale downs", sum(d["action"] == "down" for d in scales), "count", better="higher"),
+    ]
+    handoffs, bad = [], []
+    for d in scales:
+        t0 = on["t0"]
+        pause = handoff_pause(on["commits"], t0 + d["t_s"], t0 + d["ended_s"])
+        done = d.get("scale") or {}
+        label = f"scale {d['action']} {d['executors']} -> {d['target']} at {d['t_s']:.0f}s"
+        handoffs.append({"label": label, **pause, **done})
+        figures += [
+            figure(f"{label}: pause (longest commit gap - steady)", pause["pause_s"], "s"),
+            figure(f"{label}: handoff -> green's first commit", done.get("green_first_commit_s"), "s"),
+            figure(f"{label}: duplicates (audit, must be 0)", done.get("duplicates"), "records"),
+            figure(f"{label}: gaps (audit, must be 0)", done.get("gaps"), "records"),
+        ]
+        if done.get("state") != "DONE" or done.get("duplicates") or done.get("gaps"):
+            bad.append(f"{label}: {done}")
+    for which, run in (("off", off), ("on", on)):
+        o = run["outside"]
+        figures += [
+            figure(f"policy {which}: events applied twice (outside, must be 0)", o["duplicates"], "records"),
+            figure(f"policy {which}: events never applied (outside, must be 0)", o["missing"], "records"),
+        ]
+        if o["duplicates"] or o["missing"] or o["wrong"]:
+            bad.append(f"policy {which}: {o}")
+    for f in figures:
+        ctx.progress(f"autoscale: {f['name']} = {f['value']} {f['unit']}")
+    if bad:
+        raise OperationError("; ".join(bad))
+    details = {
+        "pipeline": "examples/kafka_to_kafka (repartition: a shuffle over every executor core)",
+        "max_offsets_per_trigger": MAX_OFFSETS,
+        "trigger_s": TRIGGER_S,
+        "policy": POLICY.__dict__,
+        "cadence": f"lag sampled every {SAMPLE_S:g}s; health check + autoscale every {CHECK_S:g}s "
+        "(the health DAG's cadence shortened to fit the window)",
+        "pause": "longest gap between cursor-moving commits during the scale minus the median gap before it",
+        "handoffs": handoffs,
+        "summary": {"off": s_off, "on": s_on},
+        "off": off,
+        "on": on,
+    }
+    return {"figures": figures, "details": details}
