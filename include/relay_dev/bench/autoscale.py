@@ -7,10 +7,11 @@ Its output is counted from outside (confluent-kafka ``read_committed``): every k
 
 One run, the same pipeline twice on its own topics, one executor at the start: first a calibration
 burst measures what one executor applies per second (``cap1``); the load step is then ``STEP_FACTOR``
-x ``cap1`` for ``step_s`` seconds, then nothing. Policy off: the lag (the health check's worst
-partition, seconds behind) sampled every ``SAMPLE_S`` over the window. Policy on: the same, and every
-``CHECK_S`` a persisted health check and one ``autoscale(cfg)`` decision (the health DAG's cadence
-shortened from minutes to seconds so a window fits in a bench run). A handoff's pause is the longest
+x ``cap1`` for the window, then nothing (the tail). Policy off: the lag (the health check's worst
+partition, seconds behind) sampled every ``SAMPLE_S`` over the window and the tail, until drained.
+Policy on: the same, and every ``CHECK_S`` a persisted health check and one ``autoscale(cfg)``
+decision (the health DAG's cadence shortened from minutes to seconds so a window fits in a bench
+run), until the tail's scale down. A handoff's pause is the longest
 gap between two commits that moved a cursor during the scale, minus the median gap before it (the
 records are behind anyway: a per-record latency would measure the backlog, not the handoff).
 """
@@ -38,11 +39,12 @@ EXAMPLE = PROJECT_ROOT / "examples" / "kafka_to_kafka"
 BOOTSTRAP_ENV = "KAFKA_TO_KAFKA_BOOTSTRAP"
 MAX_OFFSETS = 5000  # per batch: big enough that one executor core, not the read limit, bounds the rate
 TRIGGER_S = 1.0
-STEP_FACTOR = 1.5  # the step's rate over one executor's measured rate
+STEP_FACTOR = 1.25  # the step's rate over one executor's measured rate (two should keep up)
 SAMPLE_S = 2.0
 CHECK_S = 4.0  # health check + autoscale cadence (the DAG's is minutes)
+TAIL_S = 240.0  # after the step: until drained (off) or scaled down (on), at most this
 CAUGHT_UP_S = 5.0  # behind by at most this: caught up (a batch interval or two)
-POLICY = AutoscalePolicy(max_executors=2, lag_seconds=10.0, runs=2, idle_runs=2, busy_below=0.5)
+POLICY = AutoscalePolicy(max_executors=2, lag_seconds=5.0, runs=2, idle_runs=2, busy_below=0.5)
 
 
 # ------------------------------------------------------------------------------- pure (unit tested)
@@ -183,14 +185,15 @@ def _batches(cfg: RelayConfig, since: float) -> list[tuple[float, float]]:
     return sorted((float(r[0]), float(r[1] or 0) / 1000) for r in rows if r[2])
 
 
-def _policy_loop(cfg: RelayConfig, t0: float, until: float, say: Any) -> list[dict[str, Any]]:
-    """A persisted health check and one decision every ``CHECK_S`` until ``until`` (a scale that
-    started runs to its end)."""
+def _policy_loop(
+    cfg: RelayConfig, t0: float, until: float, say: Any, decisions: list[dict[str, Any]], stop_on: str = ""
+) -> None:
+    """A persisted health check and one decision every ``CHECK_S`` until ``until`` or a decision
+    ``stop_on`` (a scale that started runs to its end); appended to ``decisions``."""
     from relay.health import run_health
     from relay.operations.autoscale import autoscale
 
-    decisions = []
-    while time.time() < until:
+    while time.time() < until and not (decisions and decisions[-1]["action"] == stop_on):
         tick = time.time()
         run_health(cfg)
         started = time.time()
@@ -203,7 +206,13 @@ def _policy_loop(cfg: RelayConfig, t0: float, until: float, say: Any) -> list[di
                 f"at {started - t0:.0f}s, done {ended - started:.0f}s later: {body.get('scale')}"
             )
         time.sleep(max(0.0, tick + CHECK_S - time.time()))
-    return decisions
+
+
+def _wait_drained(sampler: LagSampler, until: float) -> None:
+    """Until a lag sample of 0 (every partition caught up) or ``until``."""
+    seen = len(sampler.samples)
+    while time.time() < until and not any(lag == 0 for _, lag in sampler.samples[seen:]):
+        time.sleep(SAMPLE_S / 2)
 
 
 def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[str, Any]:
@@ -218,7 +227,7 @@ def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[s
     from relay_dev.chaos.workloads import count_kafka
 
     say, quick = ctx.progress, ctx.options.quick
-    step_s, window_s = (60.0, 180.0) if quick else (120.0, 360.0)
+    window_s = 150.0 if quick else 300.0
     output = f"{name}_out"
     cfg = ctx.config.with_(
         pipeline=name,
@@ -232,7 +241,7 @@ def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[s
         kafka.ensure_topic(cfg.topic, cfg.partitions)
     KafkaTransactionalSink(cfg.kafka_bootstrap, output).create_topic(cfg.partitions)
     build_artifact(cfg, f"{name}-v1", pipeline_code=code)
-    out: dict[str, Any] = {"pipeline": name, "policy": policy, "step_s": step_s, "window_s": window_s}
+    out: dict[str, Any] = {"pipeline": name, "policy": policy, "window_s": window_s, "tail_s": TAIL_S}
     events = Events(cfg)
     t_begin = time.time()
     try:
@@ -253,14 +262,20 @@ def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[s
                 say(f"autoscale: one executor applies {out['cap1_msg_s']:.0f} msg/s; step {rate:.0f} msg/s")
             out["step_rate"] = rate
             t0 = time.time()
+            decisions: list[dict[str, Any]] = []
             with LagSampler(cfg, t0) as sampler:
-                events.start_step(rate, step_s)
+                events.start_step(rate, window_s)
                 if policy:
-                    out["decisions"] = _policy_loop(cfg, t0, t0 + window_s, say)
+                    _policy_loop(cfg, t0, t0 + window_s, say, decisions)
                 else:
                     time.sleep(window_s)
-            out["lag"], out["lag_errors"] = sampler.samples, sampler.errors[:5]
-            events.close()
+                events.close()  # the step ends with the window; the tail: the backlog drains
+                say(f"autoscale: {name}: the step ended; the tail (at most {TAIL_S:.0f}s)")
+                if policy:
+                    _policy_loop(cfg, t0, time.time() + TAIL_S, say, decisions, stop_on="down")
+                else:
+                    _wait_drained(sampler, time.time() + TAIL_S)
+            out["lag"], out["lag_errors"], out["decisions"] = sampler.samples, sampler.errors[:5], decisions
             out["drain_after_window_s"] = wait_caught_up(cfg, say, 900, f"autoscale {name} (the rest)")
         out["commits"] = [round(c, 3) for c, _ in _batches(cfg, t0)]
         out["outside"] = count_kafka(cfg, output, {}).to_json()
@@ -273,10 +288,18 @@ def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[s
     return out
 
 
-def _summary(run: dict[str, Any]) -> dict[str, Any]:
-    known = [lag for _, lag in run["lag"] if lag is not None]
-    last = next((lag for _, lag in reversed(run["lag"]) if lag is not None), None)
-    return {"end": last, "peak": max(known) if known else None, "caught_up_at": catch_up_s(run["lag"])}
+def lag_summary(samples: list[tuple[float, float | None]], window_s: float) -> dict[str, float | None]:
+    """Over the step's window: the last lag, the peak, when it was caught up for good; after it (the
+    tail, no load): seconds until a sample found every partition caught up (lag 0)."""
+    window = [(t, lag) for t, lag in samples if t <= window_s]
+    known = [lag for _, lag in samples if lag is not None]
+    drained = next((t for t, lag in samples if t > window_s and lag == 0), None)
+    return {
+        "window_end": next((lag for _, lag in reversed(window) if lag is not None), None),
+        "peak": max(known) if known else None,
+        "caught_up_at": catch_up_s(window),
+        "tail_drained_s": None if drained is None else round(drained - window_s, 1),
+    }
 
 
 def section_autoscale(ctx: Context) -> dict[str, Any]:
@@ -286,18 +309,14 @@ def section_autoscale(ctx: Context) -> dict[str, Any]:
         figure("one executor's rate (calibration burst)", off["cap1_msg_s"], "msg/s", better="higher"),
         figure("load step rate", off["step_rate"], "msg/s", better="higher"),
     ]
-    s_off, s_on = _summary(off), _summary(on)
-    figures += [
-        figure("lag at the window's end, policy on", s_on["end"], "s", "policy off", s_off["end"]),
-        figure("peak lag, policy on", s_on["peak"], "s", "policy off", s_off["peak"]),
-        figure(
-            "step start -> caught up, policy on",
-            s_on["caught_up_at"],
-            "s",
-            "policy off",
-            s_off["caught_up_at"],
-        ),
-    ]
+    s_off, s_on = (lag_summary(r["lag"], r["window_s"]) for r in (off, on))
+    for key, name in (
+        ("window_end", "lag at the step's end"),
+        ("peak", "peak lag"),
+        ("caught_up_at", "step start -> caught up under load (None: never)"),
+        ("tail_drained_s", "step's end -> backlog drained"),
+    ):
+        figures.append(figure(f"{name}, policy on", s_on[key], "s", "policy off", s_off[key]))
     scales = [d for d in on["decisions"] if d["action"] in ("up", "down")]
     figures += [
         figure("scale ups", sum(d["action"] == "up" for d in scales), "count", better="higher"),
