@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from relay_dev.bench import SECTIONS, parse_sections
-from relay_dev.bench.autoscale import catch_up_s, handoff_pause
+from relay_dev.bench.autoscale import catch_up_s, handoff_pause, lag_summary
 from relay_dev.bench.runner import NEEDS_STACK, SECTION_FUNCS
 
 
@@ -42,3 +42,15 @@ def test_a_handoffs_pause_is_its_longest_commit_gap_minus_the_median_gap_before(
 
 def test_no_pause_without_commits_before_the_scale() -> None:
     assert handoff_pause([10.0, 12.0], 0.0, 20.0)["pause_s"] is None
+
+
+def test_the_lag_summary_splits_the_window_under_load_from_the_tail_without() -> None:
+    samples = [(0.0, 1.0), (2.0, 8.0), (4.0, 3.0), (150.0, 2.0), (152.0, 20.0), (156.0, 0.0)]
+    got = lag_summary(samples, 150.0)
+    assert got["window_end"] == 2.0 and got["peak"] == 20.0  # the peak over the tail too
+    assert got["caught_up_at"] == 4.0 and got["tail_drained_s"] == 6.0
+
+
+def test_the_lag_summary_of_a_backlog_that_never_drained() -> None:
+    got = lag_summary([(0.0, 3.0), (148.0, 40.0), (200.0, 12.0)], 150.0)
+    assert got["window_end"] == 40.0 and got["caught_up_at"] is None and got["tail_drained_s"] is None
