@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from relay_dev.bench import SECTIONS, parse_sections
-from relay_dev.bench.autoscale import catch_up_s, handoff_pause, lag_summary
+from relay_dev.bench.autoscale import catch_up_s, handoff_pause, lag_summary, package
 from relay_dev.bench.runner import NEEDS_STACK, SECTION_FUNCS
 
 
@@ -54,3 +56,13 @@ def test_the_lag_summary_splits_the_window_under_load_from_the_tail_without() ->
 def test_the_lag_summary_of_a_backlog_that_never_drained() -> None:
     got = lag_summary([(0.0, 3.0), (148.0, 40.0), (200.0, 12.0)], 150.0)
     assert got["window_end"] == 40.0 and got["caught_up_at"] is None and got["tail_drained_s"] is None
+
+
+def test_the_package_is_the_example_renamed_with_the_heavier_parse(tmp_path: Path) -> None:
+    from relay.pipeline import load_package
+
+    code = package(tmp_path, "as_x", "as_x_out")
+    text = (code / "pipeline.py").read_text()
+    assert 'OUTPUT_TOPIC = "as_x_out"' in text and ".where(_work(F.col('value')) >= 0)" in text
+    _, pipeline = load_package(code)
+    assert pipeline.name == "as_x" and pipeline.topics == ("as_x",)
