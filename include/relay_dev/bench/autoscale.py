@@ -44,7 +44,7 @@ BOOTSTRAP_ENV = "KAFKA_TO_KAFKA_BOOTSTRAP"
 ROUNDS = 1000  # sha256 rounds an event costs on an executor (~0.3 ms here): see the module's docstring
 MAX_OFFSETS = 3000  # per batch: ~1 s of one executor's work, its fixed cost (~0.6 s here) a minor part
 TRIGGER_S = 0.1  # Relay's default: back to back when behind (1 s would cap two executors at 20,000/s)
-STEP_FACTOR = 1.2  # the step's rate over one executor's measured rate (two should keep up)
+STEP_FACTOR = 1.4  # the step's rate over one executor's measured rate (two should keep up)
 SAMPLE_S = 2.0
 CHECK_S = 4.0  # health check + autoscale cadence (the DAG's is minutes)
 TAIL_S = 240.0  # after the step: until drained (off) or scaled down (on), at most this
@@ -211,8 +211,8 @@ class LagSampler:
         self._thread.join(timeout=60)
 
 
-def _batches(cfg: RelayConfig, since: float) -> list[tuple[float, float]]:
-    """(commit time, duration s) of the pipeline's batches that moved a cursor since ``since``."""
+def _batches(cfg: RelayConfig, since: float) -> list[tuple[float, float, int]]:
+    """(commit time, duration s, offsets) of the pipeline's batches that moved a cursor since ``since``."""
     from relay.ledger import schema as s
     from relay.ledger.store import Ledger
     from sqlalchemy import select
@@ -223,7 +223,8 @@ def _batches(cfg: RelayConfig, since: float) -> list[tuple[float, float]]:
     )
     with Ledger(cfg.ledger_url).tx() as conn:
         rows = conn.execute(query).all()
-    return sorted((float(r[0]), float(r[1] or 0) / 1000) for r in rows if r[2])
+    moved = (sum(int(x["to"]) - int(x["from"]) for x in r[2]) for r in rows)
+    return sorted((float(r[0]), float(r[1] or 0) / 1000, n) for r, n in zip(rows, moved, strict=True) if r[2])
 
 
 def _policy_loop(
@@ -293,12 +294,14 @@ def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[s
             events.burst(MAX_OFFSETS)
             wait_caught_up(cfg, say, 300, f"autoscale {name} warm-up")
             if rate is None:
-                burst, t_cal = 10 * MAX_OFFSETS, time.time()
+                burst, t_cal = 20 * MAX_OFFSETS, time.time()
                 events.burst(burst)
                 wait_caught_up(cfg, say, 600, f"autoscale {name} calibration")
-                batches = _batches(cfg, t_cal)  # the burst's: to the commit that applied its last record
-                out["cap1_msg_s"] = burst / (batches[-1][0] - t_cal)
-                out["calibration_batch_s"] = statistics.median(d for _, d in batches)
+                batches = _batches(cfg, t_cal)  # the burst's; its first half warms the Python workers
+                half = len(batches) // 2
+                done = sum(n for _, _, n in batches[half + 1 :])
+                out["cap1_msg_s"] = done / (batches[-1][0] - batches[half][0])
+                out["calibration_batch_s"] = statistics.median(d for _, d, _ in batches[half + 1 :])
                 rate = STEP_FACTOR * out["cap1_msg_s"]
                 say(f"autoscale: one executor applies {out['cap1_msg_s']:.0f} msg/s; step {rate:.0f} msg/s")
             out["step_rate"] = rate
@@ -319,7 +322,7 @@ def run_one(ctx: Context, name: str, policy: bool, rate: float | None) -> dict[s
             out["lag"], out["lag_errors"], out["decisions"] = sampler.samples, sampler.errors[:5], decisions
             out["produced"], out["produce_errors"] = events.next, events.errors[:5]
             out["drain_after_window_s"] = wait_caught_up(cfg, say, 900, f"autoscale {name} (the rest)")
-        out["commits"] = [round(c, 3) for c, _ in _batches(cfg, t0)]
+        out["commits"] = [round(c, 3) for c, _, _ in _batches(cfg, t0)]
         out["outside"] = count_kafka(cfg, output, {}).to_json()
     finally:
         events.close()
