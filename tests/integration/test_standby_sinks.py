@@ -5,9 +5,10 @@ Python driver is SIGKILLed, anywhere or at the worst moment (its batch written, 
 standby's first batch, planned to another end, must not leave that write beside its own; ``make
 test`` runs that moment for the upsert and ForEachBatch); the standby must take over and commit,
 the load runs on a little, then stops; once caught up, the sink's content is read from outside Relay
-(SQL, or the files) and must hold every input record exactly once. The failover row and the old instance FENCED are checked, and
-the audit the example's own test runs. One stack, one worker: a driver kill needs no second host
-(tests/integration/test_hot_standby.py loses a whole host with the Kafka sink).
+(SQL, or the files) and must hold every input record exactly once. The failover row and the old
+instance FENCED are checked, and the audit the example's own test runs. One stack, one worker: a
+driver kill needs no second host (tests/integration/test_hot_standby.py loses a whole host with the
+Kafka sink).
 """
 
 from __future__ import annotations

@@ -9,10 +9,12 @@ memory, pipeline (a user pipeline, examples/json_upsert, warm burst and cold dep
 hand-written consumers b1..b4 doing the same upserts), latency (produce -> row visible, against b2 as
 a continuous consumer), smallbatch (json_upsert's small-batch trigger-to-commit against Spark's rate
 source, same sink and deploy mode), failover (a hot standby's takeover against Spark's relaunch),
-failover-hosts (a whole host lost, on the namespace cluster; needs root). The stack (noida-db,
-Spark master + worker, and PostgreSQL for the ledger, pipeline, latency and smallbatch sections)
-runs on free loopback ports under ``var/bench/<timestamp>/`` and is always stopped by PID at the end,
-also on failure. Results go to ``var/bench/results-<timestamp>.json``.
+failover-hosts (a whole host lost, on the namespace cluster; needs root), autoscale (a load step one
+executor core cannot keep up with: the lag with the lag policy off and on, each scale handoff's
+pause; examples/kafka_to_kafka, counted from outside). The stack (noida-db, Spark master + worker,
+and PostgreSQL for the ledger, pipeline, latency and smallbatch sections) runs on free loopback
+ports under ``var/bench/<timestamp>/`` and is always stopped by PID at the end, also on failure.
+Results go to ``var/bench/results-<timestamp>.json``.
 This package imports neither pyspark nor Airflow: the Spark baselines run as a subprocess
 (``bench/rate_overhead.py``) or as a cluster-mode driver (``rate_pipeline_driver.py``).
 
@@ -26,9 +28,10 @@ Modules:
 - ``context``: what sections share, the v1 deploy, stopping child processes;
 - ``sampler``: memory of the stack's processes, sampled from /proc;
 - ``throughput``, ``overhead``, ``ledger``, ``upgrade``, ``recovery``, ``memory``, ``pipeline``,
-  ``latency``, ``smallbatch``: one section each (``rate_pipeline_driver.py``: smallbatch's
-  Spark-side driver, submitted to the bench's cluster as a file; ``pipeline_backlog``: the
-  pipeline's backlog and b1; ``baselines``: the hand-written consumers b2..b4);
+  ``latency``, ``smallbatch``, ``failover``, ``autoscale``: one section each
+  (``rate_pipeline_driver.py``: smallbatch's Spark-side driver, submitted to the bench's cluster
+  as a file; ``pipeline_backlog``: the pipeline's backlog and b1; ``baselines``: the hand-written
+  consumers b2..b4);
 - ``failover_hosts``: the failover section's host loss on the namespace cluster (root; skipped otherwise);
 - ``runner``: ``run_bench``, the run on a private stack, always stopped at the end.
 

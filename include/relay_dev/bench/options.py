@@ -21,6 +21,7 @@ SECTIONS: tuple[str, ...] = (
     "smallbatch",
     "failover",
     "failover-hosts",
+    "autoscale",
 )
 
 

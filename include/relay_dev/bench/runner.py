@@ -11,6 +11,7 @@ from typing import Any
 from relay.config import PROJECT_ROOT
 from relay.errors import RelayError
 
+from .autoscale import section_autoscale
 from .cluster import bench_config
 from .context import Context, kill_child
 from .failover import section_failover
@@ -46,6 +47,7 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "smallbatch": section_smallbatch,
     "failover": section_failover,
     "failover-hosts": section_failover_hosts,
+    "autoscale": section_autoscale,
 }
 # ledger runs in-process on private databases; failover-hosts on a namespace cluster of its own
 NEEDS_STACK = frozenset(SECTIONS) - {"ledger", "failover-hosts"}
