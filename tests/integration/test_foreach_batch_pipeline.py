@@ -123,7 +123,7 @@ def produce(bootstrap: str, topic: str, ids: range, rate: float | None = None) -
         producer.close()
 
 
-def files(out: Path) -> tuple[Counter, list[str]]:
+def files(out: Path, topic: str = "foreach_batch_files") -> tuple[Counter, list[str]]:
     """Every record id in the committed batch directories (those holding _SUCCESS), counted; and
     the directories without _SUCCESS (a write that was never completed nor replayed)."""
     seen: Counter = Counter()
@@ -135,7 +135,7 @@ def files(out: Path) -> tuple[Counter, list[str]]:
         for part in batch_dir.glob("part-*"):
             for line in part.read_text().splitlines():
                 record = json.loads(line)
-                assert record["level"] in ("error", "warning") and record["topic"] == "foreach_batch_files"
+                assert record["level"] in ("error", "warning") and record["topic"] == topic, record
                 seen[record["id"]] += 1
     return seen, unfinished
 

@@ -19,7 +19,6 @@ import shutil
 import signal
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from relay.operations.stop import stop
 from tests.conftest import wait_for
 from tests.integration.helpers import Load, caught_up, pipeline_run, python_driver_pid
 from tests.integration.json_users import IDS, expected, libpq, produce_versions, sink_database, table
-from tests.integration.test_foreach_batch_pipeline import kept
+from tests.integration.test_foreach_batch_pipeline import files, kept
 from tests.integration.test_foreach_batch_pipeline import produce as produce_logs
 from tests.integration.test_hot_standby import _ready_standby, _taken_over
 
@@ -168,23 +167,6 @@ class LogLoad(Load):
         return 51
 
 
-def batch_files(out: Path, topic: str) -> tuple[Counter, list[str]]:
-    """Every record's id in the committed batch directories (holding _SUCCESS), counted; and the
-    directories without _SUCCESS."""
-    seen: Counter = Counter()
-    unfinished = []
-    for batch_dir in sorted(out.glob("ranges-*")):
-        if not (batch_dir / "_SUCCESS").exists():
-            unfinished.append(batch_dir.name)
-            continue
-        for part in batch_dir.glob("part-*"):
-            for line in part.read_text().splitlines():
-                record = json.loads(line)
-                assert record["level"] in ("error", "warning") and record["topic"] == topic, record
-                seen[record["id"]] += 1
-    return seen, unfinished
-
-
 def _holds(batch_dir: Path, record_id: int) -> bool:
     return any(
         json.loads(line)["id"] == record_id
@@ -217,7 +199,7 @@ def foreach_batch_case(
         return holder[0]
 
     def check(ledger: Ledger, sent: int) -> None:
-        seen, unfinished = batch_files(out, cfg.topic)
+        seen, unfinished = files(out, cfg.topic)
         want = kept(range(0, holder[0].next_id))
         twice = sorted(i for i, c in seen.items() if c > 1)
         missing, extra = sorted(want - set(seen)), sorted(set(seen) - want)
