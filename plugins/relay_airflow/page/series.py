@@ -12,6 +12,8 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from relay.operations.scale import executors_of
+
 # Colors of the instance's own name (blue/green), shaded by instance so two blues stay apart.
 INSTANCE_SHADES = {
     "blue": ("#2563eb", "#1e40af", "#60a5fa"),
@@ -319,8 +321,7 @@ def operation_event(op: dict) -> dict[str, Any]:
 def _upgrade_label(blue: str | None, green: str | None, resources: dict | None) -> str:
     """An upgrade to the same version with other resources is a scale (relay scale, the autoscale policy)."""
     if resources and blue == green:
-        cores, per = resources.get("cores_max"), resources.get("executor_cores") or 1
-        return f"scale {blue} to {max(int(cores) // int(per), 1)} executor(s)" if cores else f"scale {blue}"
+        return f"scale {blue} to {executors_of(resources)} executor(s)"
     return f"upgrade {blue or '?'} \u2192 {green or '?'}"
 
 
