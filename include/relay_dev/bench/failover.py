@@ -118,7 +118,7 @@ def cost(pids: list[int], seconds: float) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------- the faults
-def _first_commit_after(cfg: RelayConfig, ledger: Any, t: float) -> float:
+def first_commit_after(cfg: RelayConfig, ledger: Any, t: float) -> float:
     """The first batch committed after ``t`` that moved a cursor (the pipeline applies again)."""
     from relay.ledger import schema as s
     from sqlalchemy import select
@@ -175,7 +175,7 @@ def _kill(cfg: RelayConfig, ledger: Any, target: str, progress: Any) -> tuple[fl
     python, jvm = instance_pids(ledger, _active(cfg, ledger))
     at = time.time()
     os.kill(python if target == "python" else jvm, signal.SIGKILL)
-    back = _first_commit_after(cfg, ledger, at)
+    back = first_commit_after(cfg, ledger, at)
     progress(f"failover: SIGKILL {target}: first commit {back - at:.1f}s later")
     return at, back
 
@@ -185,7 +185,7 @@ def run_one(ctx: Context, stack: Any, cfg: RelayConfig, settle: float, steady: f
     from relay.kafka.offsets import KafkaOffsets
     from relay.ledger.store import Ledger
     from relay.operations.deploy import deploy
-    from relay.operations.standby import stop_standbys
+    from relay.operations.standby import failovers, stop_standbys
     from relay.operations.stop import stop
 
     ledger, say = Ledger(cfg.ledger_url), ctx.progress
@@ -219,7 +219,7 @@ def run_one(ctx: Context, stack: Any, cfg: RelayConfig, settle: float, steady: f
             ledger,
             _active(cfg, ledger),
             standby,
-            lambda t: _first_commit_after(cfg, ledger, t),
+            lambda t: first_commit_after(cfg, ledger, t),
             say,
         )
         windows["SIGKILL worker host, hot standby"] = (at, back + settle)
@@ -254,7 +254,7 @@ def run_one(ctx: Context, stack: Any, cfg: RelayConfig, settle: float, steady: f
         "costs": costs,
         "exactly_once": exactly_once_counts(produced, applied),
         "unmatched": unmatched,
-        "failovers": [op["data"] for op in ledger.operations(cfg.pipeline, "failover", 10)],
+        "failovers": failovers(ledger, cfg.pipeline),
         "host_loss": host,
     }
 

@@ -26,7 +26,7 @@ from relay.polling import poll
 
 from .cluster import latest_offsets, wait_caught_up
 from .context import Context
-from .failover import GOAL_S, RATE, _first_commit_after
+from .failover import GOAL_S, RATE, first_commit_after
 from .pause import (
     application_times,
     exactly_once_counts,
@@ -52,11 +52,13 @@ trigger_seconds = 0.1
 class _Client:
     """Relay as a user on the cluster's client host: its CLI, and calls on its network."""
 
-    def __init__(self, cluster: Any, env: dict[str, str], say: Callable[[str], None]) -> None:
+    def __init__(self, cluster: Any, env: dict[str, str]) -> None:
         from relay.config import load_config
+        from relay.ledger.store import Ledger
 
-        self.cluster, self.env, self.say = cluster, env, say
+        self.cluster, self.env = cluster, env
         self.cfg = load_config(env)
+        self.ledger = Ledger(self.cfg.ledger_url)  # connects on first use: inside ``call`` only
 
     def relay(self, *args: str, timeout: float = 600) -> dict[str, Any]:
         relay = str(PROJECT_ROOT / ".venv" / "bin" / "relay")
@@ -70,15 +72,10 @@ class _Client:
 
     def instances(self) -> list[dict[str, Any]]:
         """Live instances with their driver's host address (the ledger and the master's view)."""
-        from relay.ledger.store import Ledger
         from relay.spark.launcher import spark_client
 
         def look() -> list[dict[str, Any]]:
-            ledger = Ledger(self.cfg.ledger_url)
-            try:
-                live = ledger.instances(self.cfg.pipeline, live_only=True)
-            finally:
-                ledger.close()
+            live = self.ledger.instances(self.cfg.pipeline, live_only=True)
             with contextlib.closing(spark_client(self.cfg)) as client:
                 state = client.master_state()
             hosts = {w.id: w.host for w in state.workers}
@@ -107,13 +104,13 @@ def _ready_pair(client: _Client, timeout_s: float = 300) -> tuple[dict[str, Any]
 
 
 def _measure(ctx: Context, cluster: Any, info: Any, settle: float, steady: float) -> dict[str, Any]:
-    from relay.ledger.store import Ledger
+    from relay.operations.standby import failovers
 
     from relay_dev.hosts import netns
 
     say = ctx.progress
-    client = _Client(cluster, info.client_env, say)
-    cfg = client.cfg
+    client = _Client(cluster, info.client_env)
+    cfg, ledger = client.cfg, client.ledger
     client.relay("ledger", "init")
     client.relay("deploy", "--version", "v1", "--wait", "400")
     active, standby = _ready_pair(client)
@@ -139,8 +136,7 @@ def _measure(ctx: Context, cluster: Any, info: Any, settle: float, steady: float
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        ledger = Ledger(cfg.ledger_url)
-        back = client.call(lambda: _first_commit_after(cfg, ledger, at))
+        back = client.call(lambda: first_commit_after(cfg, ledger, at))
         say(f"failover-hosts: {host} lost ({len(victims)} processes): first commit {back - at:.1f}s later")
         time.sleep(settle)
         windows["SIGKILL worker host, hot standby"] = (at, back + settle)
@@ -154,7 +150,8 @@ def _measure(ctx: Context, cluster: Any, info: Any, settle: float, steady: float
     )
     applied, unmatched = application_times(messages, batches, cfg.topic)
     samples = join_samples(produced, applied)
-    failovers = client.call(lambda: [op["data"] for op in ledger.operations(cfg.pipeline, "failover", 10)])
+    taken = client.call(lambda: failovers(ledger, cfg.pipeline))
+    ledger.close()
     client.relay("stop", timeout=300)
     return {
         "host_lost": host,
@@ -165,7 +162,7 @@ def _measure(ctx: Context, cluster: Any, info: Any, settle: float, steady: float
         "exactly_once": exactly_once_counts(produced, applied),
         "unmatched": unmatched,
         "producer_errors": [repr(e) for e in producer.errors[:3]],
-        "failovers": failovers,
+        "failovers": taken,
     }
 
 
