@@ -22,9 +22,11 @@ the records stay on the executors. How it keeps ``ForEachBatch``'s idempotence r
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import re
 from collections.abc import Mapping
+from functools import reduce
 from typing import Any
 
 from relay.pipeline import BatchContext, ForEachBatch, Pipeline
@@ -112,18 +114,11 @@ def remove_predecessors_writes(root: str, df: Any, ctx: BatchContext) -> list[st
                 if (t, p) in ctx.predecessors
             ]
             rows = spark.read.schema("topic STRING, partition INT, offset BIGINT").json(str(status.getPath()))
-            hit = bool(held) and not rows.where(_any(held)).limit(1).isEmpty()
+            hit = bool(held) and not rows.where(reduce(operator.or_, held)).limit(1).isEmpty()
         if hit:
             fs.delete(status.getPath(), True)
             removed.append(name)
     return removed
-
-
-def _any(conditions: list[Any]) -> Any:
-    out = conditions[0]
-    for c in conditions[1:]:
-        out = out | c
-    return out
 
 
 def write_batch(root: str, df: Any, ctx: BatchContext) -> int:
