@@ -256,14 +256,16 @@ class Load:
 
 
 def example_package(example: Path, folder: Path, cfg: RelayConfig, name: str) -> Path:
-    """``example`` copied into ``folder`` as the user's package, its ``NAME``/``TOPIC`` constants
-    (both ``name`` in the example) renamed to this test's pipeline and topic."""
+    """``example`` copied into ``folder`` as the user's package, its pipeline name (a ``NAME``
+    constant, or ``name=`` given to ``Pipeline``) and its ``TOPIC`` constant (both ``name`` in the
+    example) renamed to this test's pipeline and topic."""
     package = folder / f"{example.name}_{cfg.pipeline}"
     shutil.copytree(example, package, ignore=shutil.ignore_patterns("__pycache__"))
     code = package / "pipeline.py"
     text = code.read_text()
+    named = f'NAME = "{name}"' if f'NAME = "{name}"' in text else f'name="{name}"'
     for old, new in (
-        (f'NAME = "{name}"', f'NAME = "{cfg.pipeline}"'),
+        (named, named.replace(f'"{name}"', f'"{cfg.pipeline}"')),
         (f'TOPIC = "{name}"', f'TOPIC = "{cfg.topic}"'),
     ):
         assert old in text, f"the example no longer has {old!r}"

@@ -38,13 +38,14 @@ from relay.operations.standby import failovers
 from relay.operations.stop import stop
 
 from tests.conftest import wait_for
-from tests.integration.helpers import Load, caught_up, pipeline_run, python_driver_pid
+from tests.integration.helpers import Load, caught_up, example_package, pipeline_run, python_driver_pid
 from tests.integration.json_users import IDS, expected, libpq, produce_versions, sink_database, table
 from tests.integration.test_foreach_batch_pipeline import files, kept
 from tests.integration.test_foreach_batch_pipeline import produce as produce_logs
 from tests.integration.test_hot_standby import _ready_standby, _taken_over
 
 pytestmark = pytest.mark.integration
+EXAMPLES = PROJECT_ROOT / "examples"
 
 
 @dataclass
@@ -52,23 +53,8 @@ class Case:
     """One example on the test's pipeline: its load and the outside check of its sink."""
 
     version: str
-    load: Callable[[], Load]
+    load: Load
     check: Callable[[Ledger, int], None]
-
-
-def renamed(example: str, folder: Path, replace: dict[str, str]) -> Path:
-    """A copy of an example package, its name and topic constants replaced (this test's own)."""
-    package = folder / f"{example}_sb"
-    shutil.copytree(
-        PROJECT_ROOT / "examples" / example, package, ignore=shutil.ignore_patterns("__pycache__")
-    )
-    code = package / "pipeline.py"
-    text = code.read_text()
-    for old, new in replace.items():
-        assert old in text, f"the example no longer has {old!r}"
-        text = text.replace(old, new)
-    code.write_text(text)
-    return package
 
 
 # ------------------------------------------------------------------------------ json_upsert
@@ -90,21 +76,13 @@ class UpsertLoad(Load):
 def upsert_case(cfg: RelayConfig, folder: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Case:
     sink_url = sink_database(postgres_url)
     monkeypatch.setenv("JSON_UPSERT_SINK_URL", sink_url)  # where deploy runs: copied to both drivers
-    code = renamed(
-        "json_upsert",
-        folder,
-        {'TOPIC = "json_upsert"': f'TOPIC = "{cfg.topic}"', 'name="json_upsert"': f'name="{cfg.pipeline}"'},
-    )
+    code = example_package(EXAMPLES / "json_upsert", folder, cfg, "json_upsert")
     build_artifact(cfg, f"{cfg.pipeline}-v1", pipeline_code=code)
     seeded = produce_versions(cfg.kafka_bootstrap, cfg.topic, range(0, 1))
-    holder: list[UpsertLoad] = []
-
-    def load() -> Load:
-        holder.append(UpsertLoad(cfg, 1))
-        return holder[0]
+    load = UpsertLoad(cfg, 1)
 
     def check(ledger: Ledger, sent: int) -> None:
-        last = holder[0].version - 1
+        last = load.version - 1
         assert table(sink_url) == expected(last), "each id's newest value, read with SQL"
         with psycopg2.connect(sink_url) as conn, conn.cursor() as cur:
             cur.execute("SELECT count(*), count(DISTINCT id) FROM json_upsert_users")
@@ -150,7 +128,7 @@ def counter_case(cfg: RelayConfig, folder: Path, postgres_url: str, monkeypatch:
         assert t["applied_once"] == produced and t["duplicates"] == 0 and t["unread"] == 0, t
         assert report.message_count == report.applied_rows == produced
 
-    return Case(f"{cfg.pipeline}-v1", lambda: Load(cfg), check)
+    return Case(f"{cfg.pipeline}-v1", Load(cfg), check)
 
 
 # -------------------------------------------------------------------------- foreach_batch_files
@@ -180,27 +158,16 @@ def foreach_batch_case(
 ) -> Case:
     out = cfg.data_dir / f"{cfg.pipeline}-out"  # executors write here: never /tmp
     monkeypatch.setenv("FOREACH_BATCH_FILES_DIR", str(out))  # copied to both drivers by deploy
-    code = renamed(
-        "foreach_batch_files",
-        folder,
-        {
-            'TOPIC = "foreach_batch_files"': f'TOPIC = "{cfg.topic}"',
-            'name="foreach_batch_files"': f'name="{cfg.pipeline}"',
-        },
-    )
+    code = example_package(EXAMPLES / "foreach_batch_files", folder, cfg, "foreach_batch_files")
     build_artifact(cfg, f"{cfg.pipeline}-v1", pipeline_code=code)
     with KafkaOffsets(cfg.kafka_bootstrap) as kafka:
         kafka.ensure_topic(cfg.topic, cfg.partitions)
     produce_logs(cfg.kafka_bootstrap, cfg.topic, range(0, 600))
-    holder: list[LogLoad] = []
-
-    def load() -> Load:
-        holder.append(LogLoad(cfg, 600))
-        return holder[0]
+    load = LogLoad(cfg, 600)
 
     def check(ledger: Ledger, sent: int) -> None:
         seen, unfinished = files(out, cfg.topic)
-        want = kept(range(0, holder[0].next_id))
+        want = kept(range(0, load.next_id))
         twice = sorted(i for i, c in seen.items() if c > 1)
         missing, extra = sorted(want - set(seen)), sorted(set(seen) - want)
         holding = sorted({d.name for i in twice[:1] for d in out.glob("ranges-*") if _holds(d, i)})
@@ -265,7 +232,7 @@ def test_a_hot_standby_takes_over_a_killed_driver_and_the_sink_holds_each_record
         assert result["standby"]["started"] and standby is not None, result["standby"]
         assert _ready_standby(ledger, cfg) == standby
         old_app = ledger.instance(first).app_name
-        with case.load() as load:
+        with case.load as load:
             done = len(ledger.recent_batches(cfg.pipeline, 10_000, first))
             wait_for(
                 "the active to commit a batch under the load",
