@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 from relay_dev.bench import SECTIONS, parse_sections
-from relay_dev.bench.autoscale import catch_up_s, handoff_pause, lag_summary, package
+from relay_dev.bench.autoscale import catch_up_s, handoff_pause, lag_summary
+from relay_dev.bench.autoscale_load import package
 from relay_dev.bench.runner import NEEDS_STACK, SECTION_FUNCS
 
 

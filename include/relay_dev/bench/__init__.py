@@ -31,7 +31,8 @@ Modules:
   ``latency``, ``smallbatch``, ``failover``, ``autoscale``: one section each
   (``rate_pipeline_driver.py``: smallbatch's Spark-side driver, submitted to the bench's cluster
   as a file; ``pipeline_backlog``: the pipeline's backlog and b1; ``baselines``: the hand-written
-  consumers b2..b4);
+  consumers b2..b4; ``failover_faults``: the failover section's worker-host loss;
+  ``autoscale_load``: the autoscale section's workload);
 - ``failover_hosts``: the failover section's host loss on the namespace cluster (root; skipped otherwise);
 - ``runner``: ``run_bench``, the run on a private stack, always stopped at the end.
 
