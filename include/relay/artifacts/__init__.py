@@ -99,9 +99,15 @@ def artifacts_dir(config: RelayConfig) -> Path:
     pipelines file declares, so two pipelines' ``v1`` never overwrite each other. The environment's
     single pipeline keeps the old layout, and no pipeline's folder ever sits among version folders
     (where pruning could take it for a version)."""
-    if config.pipelines_file is None:
+    if shares_artifacts(config):
         return config.data_dir / "artifacts"
     return config.data_dir / "pipelines" / config.pipeline / "artifacts"
+
+
+def shares_artifacts(config: RelayConfig) -> bool:
+    """Whether ``config``'s versions live in the shared ``artifacts/`` folder, where any pipeline run
+    without a pipelines file may have built its own (else the pipeline has a folder of its own)."""
+    return config.pipelines_file is None
 
 
 def artifact(config: RelayConfig, version: str) -> Artifact:

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from relay.artifacts import Artifact, artifact, artifacts_dir, validate_version
+from relay.artifacts import Artifact, artifact, artifacts_dir, shares_artifacts, validate_version
 from relay.config import RelayConfig
 from relay.errors import ConfigError, LedgerError, OperationError
 from relay.ledger import schema as s
@@ -135,10 +135,9 @@ def remove_artifact(art: Artifact) -> None:
 
 
 def sharing_folder(config: RelayConfig) -> list[str] | None:
-    """The pipelines whose versions live in ``config``'s artifacts folder: this one alone when a
-    pipelines file gives each its own folder; None (every pipeline of the ledger) for the shared
-    ``artifacts/`` folder, where any pipeline run without a file may have built its versions."""
-    return [config.pipeline] if config.pipelines_file is not None else None
+    """The pipelines whose versions live in ``config``'s artifacts folder: None (every pipeline of
+    the ledger) for the shared folder, else this one alone."""
+    return None if shares_artifacts(config) else [config.pipeline]
 
 
 def protected_versions(ledger: Ledger, pipelines: list[str] | None = None) -> dict[str, list[str]]:
