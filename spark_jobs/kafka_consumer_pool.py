@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import kafka_fast_records
 from kafka_source_options import SourceSettings
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ def pooled_consumer(settings: SourceSettings, consumer_class: Any) -> Any:
             max_poll_records=10_000,
             max_partition_fetch_bytes=8 * 1024 * 1024,
         )
+        # polls then return (offset, timestamp, type, key, value) tuples (kafka_fast_records)
+        consumer.relay_tuples = kafka_fast_records.install(consumer)
         _CONSUMERS[key] = consumer
     return consumer
 

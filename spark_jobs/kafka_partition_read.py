@@ -9,6 +9,7 @@ below the log start fails its first fetch (the consumer never auto-resets) and r
 
 from __future__ import annotations
 
+import bisect
 import importlib
 import logging
 import time
@@ -23,7 +24,7 @@ from relay.errors import DataLossError, KafkaError
 
 log = logging.getLogger(__name__)
 
-_ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch: bounded memory, few JVM round trips
+_ARROW_CHUNK_ROWS = 8192  # rows per RecordBatch at least (a poll's worth more): bounded, few round trips
 _POLL_MAX_RECORDS = 10_000  # records per poll at most (the pooled consumer's max_poll_records)
 
 
@@ -89,7 +90,8 @@ def read_partition(
             healthy = True
             return
         consumer.seek(tp, start)
-        cols: tuple[list[Any], ...] = ([], [], [], [], [])  # key, value, offset, timestamp, tstype
+        pending: list[tuple[Any, ...]] = []  # (offset, timestamp ms, type, key, value)
+        tuples = getattr(consumer, "relay_tuples", False)
         deadline = time.monotonic() + s.poll_timeout_ms / 1000
         position = start
         while position < end:
@@ -106,17 +108,15 @@ def read_partition(
                 # never auto-resets (auto_offset_reset='none'), so a fetch below the log start fails.
                 earliest_now = int(consumer.beginning_offsets([tp])[tp])
                 raise DataLossError(tp.topic, tp.partition, position, earliest_now) from None
-            for record in fetched.get(tp, ()):
-                if record.offset >= end:
-                    break
-                cols[0].append(record.key)
-                cols[1].append(record.value)
-                cols[2].append(record.offset)
-                cols[3].append(record.timestamp * 1000 if record.timestamp is not None else None)
-                cols[4].append(record.timestamp_type)
-                if len(cols[2]) >= _ARROW_CHUNK_ROWS:
-                    yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
-                    cols = ([], [], [], [], [])
+            records = fetched.get(tp, ())
+            if records and not tuples:  # kafka-python's ConsumerRecords: the same five fields
+                records = [(r.offset, r.timestamp, r.timestamp_type, r.key, r.value) for r in records]
+            if records and records[-1][0] >= end:  # offsets have holes: a poll may pass ``end``
+                records = records[: bisect.bisect_left(records, (end,))]
+            pending.extend(records)
+            if len(pending) >= _ARROW_CHUNK_ROWS:
+                yield _to_record_batch(pa, schema, tp.topic, tp.partition, pending)
+                pending = []
             new_position = int(consumer.position(tp))
             if new_position > position:
                 position = new_position
@@ -127,8 +127,8 @@ def read_partition(
                     f"{s.poll_timeout_ms} ms (batch needs [{begin}, {end})); "
                     "raise pollTimeoutMs or check the broker"
                 )
-        if cols[2]:
-            yield _to_record_batch(pa, schema, tp.topic, tp.partition, cols)
+        if pending:
+            yield _to_record_batch(pa, schema, tp.topic, tp.partition, pending)
         healthy = True
     except VendorKafkaError as exc:
         raise KafkaError(f"reading {tp.topic}[{tp.partition}] failed: {exc}") from exc
@@ -163,18 +163,21 @@ def worker_pool() -> tuple[Callable[..., Any], Callable[..., None]]:
     return real.pooled_consumer, real.drop_consumer
 
 
-def _to_record_batch(pa: Any, schema: Any, topic: str, partition: int, cols: tuple[list[Any], ...]) -> Any:
-    """Columns -> one RecordBatch in exactly the Arrow schema Spark expects (it compares schemas)."""
-    n = len(cols[2])
+def _to_record_batch(pa: Any, schema: Any, topic: str, partition: int, records: list[tuple[Any, ...]]) -> Any:
+    """Records -> one RecordBatch in exactly the Arrow schema Spark expects (it compares schemas);
+    columns made by one transposition, the timestamps converted from ms by Arrow."""
+    n = len(records)
+    offsets, stamps, types, keys, values = zip(*records)
+    micros = pa.array(stamps, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(cols[0], pa.binary()),
-            pa.array(cols[1], pa.binary()),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
             pa.array([topic] * n, pa.string()),
             pa.array([partition] * n, pa.int32()),
-            pa.array(cols[2], pa.int64()),
-            pa.array(cols[3], pa.timestamp("us", tz="UTC")),
-            pa.array(cols[4], pa.int32()),
+            pa.array(offsets, pa.int64()),
+            micros,
+            pa.array(types, pa.int32()),
         ],
         schema=schema,
     )

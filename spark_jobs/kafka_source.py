@@ -27,6 +27,7 @@ from typing import Any
 
 import batch_sizing
 import kafka_consumer_pool
+import kafka_fast_records
 import kafka_offsets_plan
 import kafka_partition_read
 import kafka_source_options
@@ -392,6 +393,7 @@ def register(spark: Any) -> None:
     helpers = (
         kafka_offsets_plan,
         kafka_source_options,
+        kafka_fast_records,
         kafka_consumer_pool,
         kafka_partition_read,
         batch_sizing,
