@@ -31,8 +31,8 @@ test-hosts: setup
 # nothing started or stopped; fails when that stack or its pipeline is not up): upgrades the demo
 # pipeline once through relay_upgrade (to the next vN) and runs relay_health, then checks the DAG list,
 # relay_upgrade's Graph of that run and the Relay page's plots with the pipeline's data. Screenshot
-# paths printed; RELAY_SCREENSHOT_DIR=docs/img saves the README's. 2.5-5 min on 2 cores. `make test` runs
-# the same test on a private stack of its own (make run's steps on free ports under var/pytest/; 4.5-11 min).
+# paths printed; RELAY_SCREENSHOT_DIR=docs/img saves the README's. 2.5-5 min on 2 cores. `make test-long` runs
+# the same test on a private stack of its own (make run's steps on free ports under var/pytest/; 2-5 min).
 browser-check: setup
 	RELAY_BROWSER_STACK=running $(PY) -m pytest -q -s tests/integration/test_airflow_ui_browser.py
 

@@ -8,7 +8,8 @@ both instances and the upgrade's H.
 
 Which stack (``RELAY_BROWSER_STACK``):
 
-* unset or ``private`` (``make test``): a private stack brought up by the code ``make run`` runs
+* unset or ``private`` (``make test-long``; slow: 2-2.5 min, and ``make test`` keeps the Relay page's
+  browser check in ``test_relay_page``): a private stack brought up by the code ``make run`` runs
   (``relay stack up``: :class:`LocalStack` and :class:`LocalAirflow`; ``relay run-demo``:
   :func:`relay_dev.demo.run_demo`) on its own data dir under ``var/pytest/`` and free loopback
   ports; stopped by PID whatever happens.
@@ -90,7 +91,7 @@ from tests.conftest import free_port, wait_for
 from tests.integration.conftest import private_data_dir, stack_env
 from tests.integration.helpers import Load, caught_up
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 log = logging.getLogger(__name__)
 
 README_VIEWPORT = (1280, 800)  # the README's screenshots: small PNGs, readable text
