@@ -61,6 +61,7 @@ def dags_config(stack: RelayConfig) -> Iterator[RelayConfig]:
         stop(config, timeout_s=30)
 
 
+@pytest.mark.slow  # make test-long (~75 s); test_user_pipeline_dags.py runs relay_deploy/relay_stop
 def test_deploy_then_refuse_a_second_deploy_then_stop(dags_config: RelayConfig) -> None:
     config = dags_config
     ledger = Ledger(config.ledger_url, create=True)

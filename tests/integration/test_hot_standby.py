@@ -35,7 +35,9 @@ from tests.conftest import wait_for
 from tests.integration.helpers import SecondWorker, python_driver_pid, second_worker
 from tests.integration.test_user_path_kafka import Stream, send, shuffling, witness  # noqa: F401
 
-pytestmark = pytest.mark.integration
+# make test-long (~2 min); make test keeps the hot standby's takeover on the users' sinks at the worst
+# moment (test_standby_sinks.py)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _ready_standby(ledger: Ledger, cfg: RelayConfig) -> int:

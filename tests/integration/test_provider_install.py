@@ -30,7 +30,8 @@ from relay.operations.stop import stop
 
 from tests.integration.conftest import private_data_dir
 
-pytestmark = pytest.mark.integration
+# make test-long (50 s: a plain Airflow in a venv of its own); make test runs the repository's DAGs and plugin
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # Python's own and the system's folders only: no development venv on PATH, no PYTHONPATH.
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
