@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import uuid
 from collections.abc import Callable, Iterator
@@ -514,12 +515,12 @@ def test_reader_offsets_limits_and_read(broker_ks: str, admin_ks: KafkaAdminClie
 def test_read_decodes_every_field_and_hides_aborted_transactions_under_read_committed(
     broker_ks: str, admin_ks: KafkaAdminClient
 ) -> None:
-    """The reader's own record decoding (kafka_fast_records) against a plain kafka-python consumer on
-    gzip batches with keys, NULL values, headers and timestamps; then a transaction committed, one
-    aborted and plain records: read_committed reads the committed and plain ones only, and the
-    markers are never rows. (noida-db serves no aborted record even at read_uncommitted, so that
-    level is checked against kafka-python's consumer; tests/unit/test_kafka_fast_records.py skips
-    aborted batches the way Kafka serves them.)"""
+    """The reader's own record decoding (kafka_fast_records) against confluent-kafka (librdkafka, a
+    client the source does not read with) on gzip batches with keys, NULL values, headers and
+    timestamps; then a transaction committed, one aborted and plain records: read_committed reads the
+    committed and plain ones only, and the markers are never rows. (noida-db serves no aborted record
+    even at read_uncommitted, so that level is checked against the outside client;
+    tests/unit/test_kafka_fast_records.py skips aborted batches the way Kafka serves them.)"""
     topic = f"ks-{uuid.uuid4().hex[:8]}"
     _create_topic(admin_ks, topic, 1)
     plain = KafkaProducer(bootstrap_servers=broker_ks, compression_type="gzip", linger_ms=5)
@@ -530,15 +531,7 @@ def test_read_decodes_every_field_and_hides_aborted_transactions_under_read_comm
         plain.send(topic, key=key, value=value, partition=0, headers=headers, timestamp_ms=stamp)
     plain.flush()
     plain.close()
-    tp = TopicPartition(topic, 0)
-    outside = KafkaConsumer(bootstrap_servers=broker_ks, enable_auto_commit=False)
-    outside.assign([tp])
-    outside.seek(tp, 0)
-    want: list[tuple[Any, ...]] = []
-    while len(want) < 500:
-        for r in outside.poll(timeout_ms=1000).get(tp, []):
-            want.append((r.offset, r.key, r.value, r.timestamp * 1000, r.timestamp_type))
-    outside.close()
+    want = _outside(broker_ks, topic, 0, 500, "read_uncommitted")
     reader = _reader(broker_ks, topic)
     got = [
         row
@@ -573,19 +566,49 @@ def test_read_decodes_every_field_and_hides_aborted_transactions_under_read_comm
         return [v for b in remote.read(part) for v in b.column("value").to_pylist()]
 
     def outside_values(isolation: str) -> list[bytes]:
-        consumer = KafkaConsumer(
-            bootstrap_servers=broker_ks, enable_auto_commit=False, isolation_level=isolation
-        )
-        consumer.assign([tp])
-        consumer.seek(tp, 500)
-        seen: list[Any] = []
-        while consumer.position(tp) < end:
-            seen += [(r.offset, r.value) for r in consumer.poll(timeout_ms=1000).get(tp, [])]
-        consumer.close()
-        return [v for _, v in seen]
+        return [record[2] for record in _outside(broker_ks, topic, 500, end, isolation)]
 
     committed = values(**{"kafka.isolation.level": "read_committed"})
     assert committed == [b"committed"] * 20 + [b"after"] * 5 == outside_values("read_committed")
     uncommitted = values()
     print(f"read_uncommitted after the transactions: {len(uncommitted)} values, {set(uncommitted)}")
     assert uncommitted == outside_values("read_uncommitted")
+
+
+def _outside(bootstrap: str, topic: str, start: int, end: int, isolation: str) -> list[tuple[Any, ...]]:
+    """Partition 0's records in [start, end) as confluent-kafka reads them: (offset, key, value,
+    timestamp in microseconds, timestamp type), within TIMEOUT_S."""
+    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import TopicPartition as Position
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"ks-outside-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+        }
+    )
+    seen: list[tuple[Any, ...]] = []
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        consumer.assign([Position(topic, 0, start)])
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == message.error()._PARTITION_EOF:
+                    if consumer.position([Position(topic, 0)])[0].offset >= end:
+                        return seen
+                    continue
+                raise KafkaException(message.error())
+            if message.offset() < end:
+                kind, stamp = message.timestamp()
+                seen.append((message.offset(), message.key(), message.value(), stamp * 1000, kind - 1))
+        raise AssertionError(
+            f"confluent-kafka read {len(seen)} record(s) of {topic}[0] [{start}, {end}) in {TIMEOUT_S}s"
+        )
+    finally:
+        consumer.close()
