@@ -80,18 +80,13 @@ def decode_v2(
 
 def _batch_records(batch: Any) -> list[FastRecord]:
     """One kafka-python ``DefaultRecordBatch``'s records (decompressed by kafka-python's codecs)."""
-    batch._maybe_uncompress()  # noqa: SLF001 - the pinned kafka-python's codec step, reused
-    data = bytes(batch._buffer)  # noqa: SLF001 - one copy per batch: slices are then plain bytes
+    batch._maybe_uncompress()  # the pinned kafka-python's codec step, reused
+    data = bytes(batch._buffer)  # one copy per batch: slices are then plain bytes
     ts_type = batch.timestamp_type
     log_append = batch.max_timestamp if ts_type == batch.LOG_APPEND_TIME else -1
+    start = batch._pos  # after the header, or 0 once decompressed
     return decode_v2(
-        data,
-        batch._pos,
-        batch.records_count,
-        batch.base_offset,
-        batch.first_timestamp,
-        ts_type,
-        log_append,  # noqa: SLF001
+        data, start, batch.records_count, batch.base_offset, batch.first_timestamp, ts_type, log_append
     )
 
 
@@ -125,8 +120,13 @@ def fast_partition_records(base: type) -> type:
                         f"Record batch for partition {self.topic_partition} at offset {batch.base_offset} "
                         "failed crc check"
                     )
-                if batch.magic != 2:  # old formats: kafka-python's records, as tuples
+                if batch.magic != 2:  # old formats: kafka-python's records and CRCs, as tuples
                     for record in batch:
+                        if self.check_crcs and not record.validate_crc():
+                            raise errors.CorruptRecordError(
+                                f"Record for partition {self.topic_partition} at offset {record.offset} "
+                                "failed crc check"
+                            )
                         self.records_read += 1
                         self.bytes_read += record.size_in_bytes
                         self.next_fetch_offset = record.offset + 1

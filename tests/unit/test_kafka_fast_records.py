@@ -19,6 +19,7 @@ from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError
 from kafka.protocol.consumer import IsolationLevel
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import calc_crc32c
 from kafka.structs import TopicPartition
@@ -173,3 +174,23 @@ def test_a_batch_whose_last_records_were_compacted_away_moves_the_fetch_past_the
     want = drained(Fetcher.PartitionRecords, bytes(raw), 40)
     assert want[1] == 55 and len(want[0]) == 10
     assert drained(FAST, bytes(raw), 40) == want
+
+
+def legacy(n: int) -> bytes:
+    """Message format v1 (magic 1): one CRC per record, no record batch."""
+    builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=10**9)
+    for i in range(n):
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=str(i).encode(), value=b"v%d" % i)
+    return bytes(builder.build())
+
+
+def test_old_format_records_are_kafka_pythons_and_keep_their_crc_check() -> None:
+    data = legacy(30)
+    want = drained(Fetcher.PartitionRecords, data, 0)
+    assert [r[0] for r in want[0]] == list(range(30))
+    assert drained(FAST, data, 0) == want
+    raw = bytearray(data)
+    raw[-1] ^= 0xFF  # the last record's value: its own CRC no longer matches
+    for cls in (Fetcher.PartitionRecords, FAST):
+        with pytest.raises(CorruptRecordError):
+            drained(cls, bytes(raw), 0)
