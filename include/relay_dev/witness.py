@@ -22,6 +22,7 @@ class OutputRecord:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes]
+    timestamp: tuple[int, int] | None = None  # confluent-kafka's (type, ms): 1 create, 2 log append
 
     @property
     def source(self) -> tuple[str, int, int] | None:
@@ -40,12 +41,18 @@ class OutputRecord:
 
 def read_committed(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list[OutputRecord]:
     """Every record of ``topic`` a read_committed consumer sees, partition by partition."""
+    return read_topic(bootstrap, topic, timeout_s, "read_committed")
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float, isolation: str) -> list[OutputRecord]:
+    """Every record of ``topic`` a consumer at ``isolation`` sees, partition by partition, from each
+    partition's beginning to its end."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"relay-witness-{time.monotonic_ns()}",
             "enable.auto.commit": False,
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
         }
@@ -77,7 +84,9 @@ def read_committed(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list
                 raise RuntimeError(f"reading {topic}: {msg.error()}")
             done.discard(msg.partition())
             headers = dict(msg.headers() or [])
-            out.append(OutputRecord(msg.partition(), msg.offset(), msg.key(), msg.value(), headers))
+            out.append(
+                OutputRecord(msg.partition(), msg.offset(), msg.key(), msg.value(), headers, msg.timestamp())
+            )
         return out
     finally:
         consumer.close()

@@ -579,39 +579,12 @@ def test_read_decodes_every_field_and_hides_aborted_transactions_under_read_comm
 
 
 def _outside(bootstrap: str, topic: str, start: int, end: int, isolation: str) -> list[tuple[Any, ...]]:
-    """Partition 0's records in [start, end) as confluent-kafka reads them: (offset, key, value,
-    timestamp in microseconds, timestamp type), within TIMEOUT_S."""
-    from confluent_kafka import Consumer, KafkaException
-    from confluent_kafka import TopicPartition as Position
+    """Partition 0's records in [start, end) as confluent-kafka reads them (the witness, within
+    TIMEOUT_S): (offset, key, value, timestamp in microseconds, kafka-python's timestamp type)."""
+    from relay_dev.witness import read_topic
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"ks-outside-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-        }
-    )
-    seen: list[tuple[Any, ...]] = []
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        consumer.assign([Position(topic, 0, start)])
-        while time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == message.error()._PARTITION_EOF:
-                    if consumer.position([Position(topic, 0)])[0].offset >= end:
-                        return seen
-                    continue
-                raise KafkaException(message.error())
-            if message.offset() < end:
-                kind, stamp = message.timestamp()
-                seen.append((message.offset(), message.key(), message.value(), stamp * 1000, kind - 1))
-        raise AssertionError(
-            f"confluent-kafka read {len(seen)} record(s) of {topic}[0] [{start}, {end}) in {TIMEOUT_S}s"
-        )
-    finally:
-        consumer.close()
+    return [
+        (r.offset, r.key, r.value, r.timestamp[1] * 1000, r.timestamp[0] - 1)
+        for r in read_topic(bootstrap, topic, TIMEOUT_S, isolation)
+        if r.partition == 0 and start <= r.offset < end
+    ]
