@@ -112,7 +112,7 @@ def warm_up_executors(spark: Any, source_options: dict[str, str]) -> None:
     imports of its Arrow conversion: the first batch after a handoff then pays for none of them
     (workers are reused, and a worker keeps its consumer for the source's reads; measured 3.6 s for
     that first task without the consumer, 1.8 s more without the imports)."""
-    from kafka_source_options import SourceSettings
+    from kafka_source_options import SourceSettings, session_limits
 
     settings = SourceSettings.from_options(source_options)
 
@@ -127,8 +127,12 @@ def warm_up_executors(spark: Any, source_options: dict[str, str]) -> None:
     # Two Python steps chained in each task, as in a batch's task (the source's reader and the
     # sink's writer run in two workers at once): both workers are warmed, and either may read.
     # With one step the warm worker went to the first batch's sink and its reader started cold.
-    n = max(int(spark.sparkContext.defaultParallelism), 1)
-    spark.range(0, n, 1, n).mapInArrow(warm, "id long").mapInArrow(warm, "id long").count()
+    # One task per task slot (Spark's default parallelism is at least 2: a second task on one slot
+    # only re-runs the first's warm workers); collecting its n rows runs one stage, without count()'s
+    # shuffle, second stage and aggregate code (issue #31: an executor's start is on the critical path).
+    slots = session_limits(spark)[0] or int(spark.sparkContext.defaultParallelism)
+    n = max(slots, 1)
+    spark.range(0, n, 1, n).mapInArrow(warm, "id long").mapInArrow(warm, "id long").collect()
 
 
 def warm_up_in_background(spark: Any, source_options: dict[str, str]) -> threading.Thread:

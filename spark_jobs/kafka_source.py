@@ -402,4 +402,5 @@ def register(spark: Any) -> None:
         cloudpickle.register_pickle_by_value(module)  # its helper modules too: same reason
     # pickled with the class when registered
     KafkaDataSource.task_slots, KafkaDataSource.batch_cap = session_limits(spark)
+    kafka_source_options.spare_data_source_lookup(spark)
     spark.dataSource.register(KafkaDataSource)

@@ -200,3 +200,32 @@ def session_limits(spark: Any) -> tuple[int | None, int | None]:
     except Exception:  # noqa: BLE001 - a session without a readable conf plans one task per partition
         log.debug("could not read the session's task slots", exc_info=True)
         return None, None
+
+
+def spare_data_source_lookup(spark: Any) -> bool:
+    """Give Spark the answer of its look-up of installed Python data sources when there are none.
+
+    Why (issue #31, a start's seconds): Spark's first data source registration starts a Python
+    process that imports every ``pyspark_*`` module on the path to register each by name
+    (``pyspark.sql.worker.lookup_data_sources``): 1-2 s of every driver's start, the relaunch's
+    too. The same scan here takes ~40 ms. When it finds none, Spark's own answer would be an empty
+    map: it is set (``DataSourceManager.dataSourceBuilders``, Spark's own cache of that answer) and
+    Spark skips the process. When one exists, or Spark has already looked, nothing changes.
+    True when the look-up was spared.
+    """
+    from pkgutil import iter_modules
+
+    if any(info.name.startswith("pyspark_") for info in iter_modules()):
+        return False
+    try:
+        jvm = spark._jvm
+        manager = getattr(
+            getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceManager$"), "MODULE$"
+        )
+        if not manager.dataSourceBuilders().isEmpty():
+            return False
+        getattr(manager, "dataSourceBuilders_$eq")(jvm.scala.Some(jvm.scala.Predef.Map().empty()))
+        return True
+    except Exception:  # noqa: BLE001 - another Spark's internals: it then looks them up itself
+        log.debug("Spark's look-up of Python data sources not spared", exc_info=True)
+        return False
