@@ -94,7 +94,7 @@ def run_health(
             guard("autoscale", lambda: check_autoscale(config.autoscale, last[0] if last else None))
         )
     checks += kafka_checks(config, ledger, v, th, run_state, retention_ms)
-    checks.append(_latency_check(config, v, th))
+    checks.append(_latency_check(config, v, th, run_state))
     checks += _airflow_checks(config, airflow_url)
     dead_count = ledger.dead_letter_count(config.pipeline)
     last_report = v.previous[0] if v.previous else None
@@ -107,9 +107,11 @@ def run_health(
     return report
 
 
-def _latency_check(config: RelayConfig, v: Views, th: Thresholds) -> Check:
-    """Batch latency against the trigger, told how far behind the pipeline is (catching up is slow)."""
-    return guard(
+def _latency_check(config: RelayConfig, v: Views, th: Thresholds, run_state: RunState) -> Check:
+    """Batch latency against the trigger, told how far behind the pipeline is (catching up is slow);
+    never paged for a pipeline stopped on purpose: it keeps no cadence, and its last batches' times
+    are history (on a slow host they paged a stopped pipeline WARN)."""
+    check = guard(
         "latency",
         lambda: check_latency(
             v.batches,
@@ -121,6 +123,9 @@ def _latency_check(config: RelayConfig, v: Views, th: Thresholds) -> Check:
             fixed_size=config.max_offsets_per_trigger,
         ),
     )
+    if run_state is RunState.STOPPED and check.level is not Level.OK:
+        return Check("latency", Level.OK, f"not paged: stopped on purpose; {check.message}", check.data)
+    return check
 
 
 def _airflow_checks(config: RelayConfig, airflow_url: str | None) -> list[Check]:
