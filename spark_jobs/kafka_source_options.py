@@ -210,19 +210,19 @@ def spare_data_source_lookup(spark: Any) -> bool:
     (``pyspark.sql.worker.lookup_data_sources``): 1-2 s of every driver's start, the relaunch's
     too. The same scan here takes ~40 ms. When it finds none, Spark's own answer would be an empty
     map: it is set (``DataSourceManager.dataSourceBuilders``, Spark's own cache of that answer) and
-    Spark skips the process. When one exists, or Spark has already looked, nothing changes.
-    True when the look-up was spared.
+    Spark skips the process. When one exists, or Spark has already looked (asked first: a standby
+    registers the source twice), nothing changes. True when the look-up was spared.
     """
     from pkgutil import iter_modules
 
-    if any(info.name.startswith("pyspark_") for info in iter_modules()):
-        return False
     try:
         jvm = spark._jvm
         manager = getattr(
             getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceManager$"), "MODULE$"
         )
         if not manager.dataSourceBuilders().isEmpty():
+            return False
+        if any(info.name.startswith("pyspark_") for info in iter_modules()):
             return False
         getattr(manager, "dataSourceBuilders_$eq")(jvm.scala.Some(jvm.scala.Predef.Map().empty()))
         return True
