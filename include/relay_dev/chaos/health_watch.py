@@ -20,19 +20,21 @@ from relay.errors import RelayError
 LEVELS = ("OK", "WARN", "CRITICAL")
 
 
-def _findings(report: Any) -> dict[str, Any]:
-    return {
-        "status": report.status.value,
-        "not_ok": {c.name: c.level.value for c in report.checks if c.level.value != "OK"},
-    }
+def _findings(report: Any, detail: bool) -> dict[str, Any]:
+    above = [c for c in report.checks if c.level.value != "OK"]
+    found: dict[str, Any] = {"status": report.status.value, "not_ok": {c.name: c.level.value for c in above}}
+    if detail:  # what a failed assertion on the final report has to show
+        found["messages"] = {c.name: c.message for c in above}
+    return found
 
 
-def health_now(config: RelayConfig) -> dict[str, Any]:
-    """One report, not persisted and healing nothing: the level and the findings above OK."""
+def health_now(config: RelayConfig, detail: bool = False) -> dict[str, Any]:
+    """One report, not persisted and healing nothing: the level and the findings above OK (with
+    ``detail``, their messages too)."""
     from relay.health import run_health
 
     try:
-        return _findings(run_health(config, persist=False, heal=False))
+        return _findings(run_health(config, persist=False, heal=False), detail)
     except RelayError as exc:  # the ledger locked or away: health could not say (itself a finding)
         return {"status": "ERROR", "not_ok": {}, "error": f"{type(exc).__name__}: {exc}"[:300]}
 

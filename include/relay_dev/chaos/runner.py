@@ -189,7 +189,8 @@ class ChaosRun:
         self.result["caught_up_s"] = self._wait_caught_up()
         self.healer.stop()
         self.health.stop()
-        self.result["health_final"] = health_now(self.config)  # caught up: health must be OK again
+        # caught up: health must be OK again
+        self.result["health_final"] = health_now(self.config, detail=True)
         self.note(f"health after catching up: {self.result['health_final']}")
         self._final_check()
         self.note("deep audit (relay audit --deep: the ledger, Kafka and the sink)")
