@@ -12,7 +12,7 @@ run: setup
 	$(RELAY) stack up
 	$(RELAY) run-demo
 
-# The suite (~28 min on 2 cores from a fresh clone, under the 30-min aim): unit, DAG and integration tests on real parts, a short chaos run.
+# The suite (24 min on 2 fast cores from a fresh clone; 39-40 min on hosts half as fast): unit, DAG and integration tests on real parts, a short chaos run.
 test: setup
 	$(PY) -m pytest -q -m "not slow" --durations=20 tests
 
