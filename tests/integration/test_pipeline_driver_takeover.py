@@ -134,3 +134,25 @@ def test_the_driver_takes_over_a_dead_instances_tail_exactly_once(
     ledger.close()
     driver_a.ledger.close()
     driver_b.ledger.close()
+
+
+@pytest.mark.parametrize(("slots", "tasks"), [(None, 3), (2, 2), (1, 1), (8, 3)])
+def test_a_shuffled_batch_is_regrouped_into_no_more_tasks_than_slots_each_source_partition_whole(
+    spark: Any, slots: int | None, tasks: int
+) -> None:
+    """Issue #31: a regroup into more tasks than the session's slots only queues them, each paying a
+    task's fixed cost; fewer tasks must still hold each source partition's rows in ONE task (#29)."""
+    import kafka_source
+    from relay.pipeline.tasks import whole_source_partitions
+
+    now = datetime.now(UTC)
+    data = [(b"k", f"v{p}-{o}".encode(), SRC, p, o, now, 0) for p in range(3) for o in range(40)]
+    shuffled = spark.createDataFrame(data, kafka_source.KAFKA_SCHEMA).repartition(4)  # the user's shuffle
+    ranges = {(SRC, p): (0, 40) for p in range(3)}
+    out = whole_source_partitions(shuffled, ranges, narrow=False, slots=slots)
+    assert out.rdd.getNumPartitions() == tasks
+    owner = out.rdd.mapPartitionsWithIndex(lambda i, rows: [(r.partition, i) for r in rows])
+    held = owner.distinct().collect()
+    by_source = {p: {i for q, i in held if q == p} for p in range(3)}
+    assert all(len(owners) == 1 for owners in by_source.values()), by_source  # each source partition whole
+    assert sorted(r.offset for r in out.collect()) == sorted(o for _ in range(3) for o in range(40))

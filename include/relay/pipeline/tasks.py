@@ -71,13 +71,19 @@ def needs_whole_source_partitions(sink: object) -> bool:
     return bool(getattr(sink, "needs_whole_source_partitions", False))
 
 
-def whole_source_partitions(df: Any, ranges: Mapping[tuple[str, int], tuple[int, int]], narrow: bool) -> Any:
+def whole_source_partitions(
+    df: Any, ranges: Mapping[tuple[str, int], tuple[int, int]], narrow: bool, slots: int | None = None
+) -> Any:
     """``df`` with each source ``(topic, partition)``'s rows in ONE task: as it is when its plan is
     ``narrow`` (the source gives each Kafka partition to one task), else regrouped by a hash of the
-    source columns into as many tasks as the batch has source partitions (issue #29)."""
+    source columns (issue #29) into as many tasks as the batch has source partitions, or as the
+    session has task ``slots`` when fewer: a task writes each of its source partitions in a
+    transaction of its own, and more tasks than slots only queue, each paying a task's fixed cost
+    (~0.1 s on two slow cores; issue #31). The source shares tasks between partitions the same way."""
     if not ranges or narrow:
         return df
-    return df.repartition(len(ranges), "topic", "partition")
+    tasks = len(ranges) if not slots else max(1, min(len(ranges), slots))
+    return df.repartition(tasks, "topic", "partition")
 
 
 def _rows(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
