@@ -145,7 +145,6 @@ class PipelineDriver(DriverRuntime):
         self.taken_over: set[tuple[str, int, int]] = set()  # (topic, partition, instance) fenced
         self.warm_up_start: str | None = None  # a stateful standby's startingOffsets, found once
         self.narrow: bool | None = None  # the transform's plan keeps source partitions whole (first batch)
-        self.task_slots: int | None = None  # the session's task slots (before_query): a regroup's tasks
         self.committed_one = False  # start-up diagnostics: the attempt's first commit is logged once
 
     def limits(self) -> dict[str, tuple[float, str]]:
@@ -162,9 +161,7 @@ class PipelineDriver(DriverRuntime):
     def before_query(self, spark: Any) -> None:
         """Load and check the pipeline on the driver, then prepare and fence its sink."""
         import kafka_source
-        from kafka_source_options import session_limits
 
-        self.task_slots = session_limits(spark)[0]
         p = deployed_pipeline(pipeline_module(self.args), self.instance.pipeline, self.args.topic)
         self.pipeline = p
         if p.name != self.instance.pipeline:
@@ -335,7 +332,9 @@ class PipelineDriver(DriverRuntime):
             # Step 2. Every task writes its part through the sink, fenced and idempotent.
             ctx = TaskContext(p.name, self.instance.id, attempt.epoch, batch_id, ranges)
             if ranges and needs_whole_source_partitions(self.sink):
-                out = whole_source_partitions(out, ranges, self._narrow(out), self.task_slots)
+                from kafka_source import KafkaDataSource  # its task slots: read once, at register()
+
+                out = whole_source_partitions(out, ranges, self._narrow(out), KafkaDataSource.task_slots)
             writes = out.mapInArrow(partition_writer(self.sink, ctx), RESULT_SCHEMA)
             t2 = time.perf_counter()
             tasks = writes.collect()
