@@ -38,6 +38,7 @@ from driver_checks import (
 )
 from driver_inputs import LEDGER_URL_ENV, batch_delay, code_version, ledger_url_from_env, own_driver_id
 from hot_standby import start_watch
+from planner_warm_up import warm_planners_in_background
 from query_progress import log_progress, log_startup
 from relay.errors import DataLossError, LedgerUnavailableError, RelayError, ZombieAttemptError
 from relay.kafka.identity import Marker, TopicChangedError, check_identity
@@ -211,6 +212,7 @@ class DriverRuntime:
         self.spark = spark = build_session(args, inst.app_name)
         ledger.set_attempt_app(self.attempt.id, spark.sparkContext.applicationId)
         log_startup("session up")
+        warm_planners_in_background(spark)  # while the pipeline loads (planner_warm_up)
         self.before_query(spark)
         if self.instance.state.standby:
             self.standby_cpu.lower_executors(spark)
