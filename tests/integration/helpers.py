@@ -330,3 +330,23 @@ def second_worker(cfg: RelayConfig, work_dir: Path) -> Iterator[SecondWorker]:
                 worker.proc.wait(timeout=30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 worker.kill()
+
+
+def script_result(script: str, work: Path, *args: str, extra_paths: tuple[Path, ...] = ()) -> dict:
+    """Run ``script`` (Python source) in a process of its own, Relay's job modules on its path and
+    its scratch files in ``work``: a JVM, and Spark's Python processes, that are the test's alone.
+    Returns the JSON of the last line it prints starting ``RESULT ``."""
+    paths = [str(PROJECT_ROOT / "spark_jobs"), *map(str, extra_paths), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "TMPDIR": str(work)}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(work), *args],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])

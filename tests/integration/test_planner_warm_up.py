@@ -10,12 +10,7 @@ and its daemons are the test's alone.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer
@@ -23,10 +18,10 @@ from relay.config import RelayConfig
 from relay.kafka.offsets import KafkaOffsets
 
 from tests.integration.conftest import private_data_dir
+from tests.integration.helpers import script_result
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 40
 
 SCRIPT = r"""
@@ -107,20 +102,7 @@ def test_the_warm_up_starts_the_planner_processes_the_first_batch_then_uses(stac
         producer.close()
 
     work = private_data_dir("planner-warm-up")
-    paths = [str(ROOT / "spark_jobs"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "TMPDIR": str(work)}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(work), stack.kafka_bootstrap, topic, str(RECORDS)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT ") :])
+    result = script_result(SCRIPT, work, stack.kafka_bootstrap, topic, str(RECORDS))
 
     assert all(pids == [] for pids in result["before"].values()), result  # the check can see none
     warmed = result["warmed"]

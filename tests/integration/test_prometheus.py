@@ -153,7 +153,10 @@ def test_prometheus_sees_the_lag_rise_and_fall_and_the_records_applied(
         60,
         1,
     )
-    pause = query(prom, f"relay_upgrade_last_pause_seconds{{{p}}}")
+    pause_query = f"relay_upgrade_last_pause_seconds{{{p}}}"
+    # a failed scrape marks every series stale until the next one: wait for a scrape that has it
+    wait_for("the upgrade's pause in Prometheus", lambda: query(prom, pause_query) is not None, 60, 1)
+    pause = query(prom, pause_query)
     assert pause is not None and 0 < pause < 60, pause
     applied = query(prom, f"increase(relay_applied_records_total{{{p}}}[{window}s])") or 0
     assert applied > UPGRADE_LOAD * 0.8, applied  # one counter across blue and green

@@ -8,19 +8,15 @@ keeps the look-up's answer for its JVM's life, and a test process shares one JVM
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import private_data_dir
+from tests.integration.helpers import script_result
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, sys
@@ -66,24 +62,7 @@ class DefaultSource(DataSource):
 
 
 def _run(work: Path, extra_path: Path | None, *args: str) -> dict:
-    paths = [
-        str(ROOT / "spark_jobs"),
-        *([str(extra_path)] if extra_path else []),
-        os.environ.get("PYTHONPATH", ""),
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "TMPDIR": str(work)}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(work), *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return script_result(SCRIPT, work, *args, extra_paths=(extra_path,) if extra_path else ())
 
 
 def test_no_installed_source_spares_the_look_up_and_relays_source_registers() -> None:

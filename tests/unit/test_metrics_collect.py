@@ -35,3 +35,24 @@ def test_a_scrape_names_operations_in_progress_ended_ones_and_health_levels(tmp_
     assert 'relay_health_level{check="lag",pipeline="p"} 1.0' in lines
     assert 'relay_health_level{check="driver",pipeline="p"} 2.0' in lines
     assert 'relay_pipeline_up{pipeline="p"} 0.0' in lines  # Kafka is away: said, not a failed scrape
+
+
+def test_an_upgrade_seen_done_has_its_pause_even_before_its_report_is_saved(tmp_path: Path) -> None:
+    """The upgrade's report is saved after its move to DONE: a scrape between the two must still
+    show the pause (a Prometheus test saw DONE with no pause series)."""
+    cfg = load_config(
+        {
+            "RELAY_DATA_DIR": str(tmp_path),
+            "RELAY_PIPELINE": "p",
+            "RELAY_TOPIC": "p",
+            "RELAY_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+        }
+    )
+    ledger = Ledger(cfg.ledger_url, create=True)
+    op = ledger.open_operation("p", "upgrade", "GREEN_STARTING", {}, {"green_id": 2}, ALL_TERMINAL)
+    ledger.move_operation(op["id"], "DRAINING_BLUE", green_first_commit_s=3.25)
+    ledger.move_operation(op["id"], "DONE")  # no report saved yet
+    ledger.close()
+    lines = exposition(lambda: [cfg])[0].decode().splitlines()
+    assert 'relay_operations_total{kind="upgrade",pipeline="p",state="DONE"} 1.0' in lines
+    assert 'relay_upgrade_last_pause_seconds{pipeline="p"} 3.25' in lines

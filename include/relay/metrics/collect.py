@@ -157,9 +157,12 @@ def _ledger_metrics(config: RelayConfig, ledger: Ledger, out: Families) -> None:
         labels = [p, str(inst.id), inst.version, inst.state.value, inst.role or ""]
         out["instance"].add_metric(labels, 1.0)
     out["live"].add_metric([p], float(sum(1 for i in instances if i.state.live)))
-    upgrades = ledger.reports(p, "upgrade", 1)
-    if upgrades and upgrades[0]["body"].get("green_first_commit_s") is not None:
-        out["pause"].add_metric([p], float(upgrades[0]["body"]["green_first_commit_s"]))
+    # From the operation itself, which holds the figure from the gate on: the report is saved in a
+    # transaction after the move to DONE, so a scrape between the two saw DONE without the pause.
+    upgrades = ledger.operations(p, "upgrade", 1)
+    pause = upgrades[0]["data"].get("green_first_commit_s") if upgrades else None
+    if pause is not None:
+        out["pause"].add_metric([p], float(pause))
     _health_metrics(config, ledger, out)
 
 
