@@ -153,10 +153,15 @@ def test_prometheus_sees_the_lag_rise_and_fall_and_the_records_applied(
         60,
         1,
     )
-    pause_query = f"relay_upgrade_last_pause_seconds{{{p}}}"
+    pause: float | None = None
+
+    def pause_scraped() -> bool:  # the value the wait saw: a second query may meet a failed scrape
+        nonlocal pause
+        pause = query(prom, f"relay_upgrade_last_pause_seconds{{{p}}}")
+        return pause is not None
+
     # a failed scrape marks every series stale until the next one: wait for a scrape that has it
-    wait_for("the upgrade's pause in Prometheus", lambda: query(prom, pause_query) is not None, 60, 1)
-    pause = query(prom, pause_query)
+    wait_for("the upgrade's pause in Prometheus", pause_scraped, 60, 1)
     assert pause is not None and 0 < pause < 60, pause
     applied = query(prom, f"increase(relay_applied_records_total{{{p}}}[{window}s])") or 0
     assert applied > UPGRADE_LOAD * 0.8, applied  # one counter across blue and green

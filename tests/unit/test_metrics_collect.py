@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relay.config import load_config
+import pytest
+from relay.config import RelayConfig, load_config
 from relay.ledger.store import Ledger
 from relay.metrics.serve import exposition
 from relay.operations.upgrade_state import ALL_TERMINAL
@@ -13,8 +14,10 @@ from relay.operations.upgrade_state import ALL_TERMINAL
 from tests.conftest import free_port
 
 
-def test_a_scrape_names_operations_in_progress_ended_ones_and_health_levels(tmp_path: Path) -> None:
-    cfg = load_config(
+@pytest.fixture()
+def cfg(tmp_path: Path) -> RelayConfig:
+    """Pipeline ``p`` with a ledger in ``tmp_path``; Kafka on a port nothing listens on."""
+    return load_config(
         {
             "RELAY_DATA_DIR": str(tmp_path),
             "RELAY_PIPELINE": "p",
@@ -22,6 +25,9 @@ def test_a_scrape_names_operations_in_progress_ended_ones_and_health_levels(tmp_
             "RELAY_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
         }
     )
+
+
+def test_a_scrape_names_operations_in_progress_ended_ones_and_health_levels(cfg: RelayConfig) -> None:
     ledger = Ledger(cfg.ledger_url, create=True)
     done = ledger.open_operation("p", "recovery", "APPROVED", {}, {}, ALL_TERMINAL)
     ledger.move_operation(done["id"], "EXECUTED")
@@ -37,17 +43,9 @@ def test_a_scrape_names_operations_in_progress_ended_ones_and_health_levels(tmp_
     assert 'relay_pipeline_up{pipeline="p"} 0.0' in lines  # Kafka is away: said, not a failed scrape
 
 
-def test_an_upgrade_seen_done_has_its_pause_even_before_its_report_is_saved(tmp_path: Path) -> None:
+def test_an_upgrade_seen_done_has_its_pause_even_before_its_report_is_saved(cfg: RelayConfig) -> None:
     """The upgrade's report is saved after its move to DONE: a scrape between the two must still
     show the pause (a Prometheus test saw DONE with no pause series)."""
-    cfg = load_config(
-        {
-            "RELAY_DATA_DIR": str(tmp_path),
-            "RELAY_PIPELINE": "p",
-            "RELAY_TOPIC": "p",
-            "RELAY_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
-        }
-    )
     ledger = Ledger(cfg.ledger_url, create=True)
     op = ledger.open_operation("p", "upgrade", "GREEN_STARTING", {}, {"green_id": 2}, ALL_TERMINAL)
     ledger.move_operation(op["id"], "DRAINING_BLUE", green_first_commit_s=3.25)
