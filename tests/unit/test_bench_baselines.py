@@ -49,12 +49,19 @@ def test_latency_stats_percentiles_in_ms_and_counts() -> None:
     assert latency_stats(3, [])["p99_ms"] is None
 
 
-def test_latency_figures_set_relay_beside_b2() -> None:
+def test_latency_figures_set_each_half_beside_its_baseline() -> None:
     relay = latency_stats(2, [(0.0, 1.0), (0.0, 3.0)])
     b2 = latency_stats(2, [(0.0, 0.5), (0.0, 0.5)])
-    by = {f["name"]: f for f in latency_figures(relay, b2)}
+    k2k = latency_stats(3, [(0.0, 0.3), (0.0, 0.3)])
+    loop = latency_stats(3, [(0.0, 0.1), (0.0, 0.1), (0.0, 0.1)])
+    by = {f["name"]: f for f in latency_figures(relay, b2, k2k, loop)}
     p50 = by["json_upsert, default limit: produce -> row visible, p50"]
     assert p50["value"] == 2000.0 and p50["baseline_name"] == "b2 continuous" and p50["ratio"] == 4.0
     assert p50["better"] == "lower"
-    seen = by["json_upsert, default limit: new rows seen"]
+    k50 = by["kafka_to_kafka, default limit: produce -> read_committed sees it, p50"]
+    assert k50["value"] == 300.0 and k50["baseline_name"] == "confluent-kafka txn loop"
+    assert k50["ratio"] == pytest.approx(3.0)
+    seen = by["json_upsert: new records seen"]
     assert seen["value"] == 2 and seen["baseline"] == 2 and seen["ratio"] == 1.0
+    short = by["kafka_to_kafka: new records seen"]  # one of three never seen: the ratio shows it
+    assert short["value"] == 2 and short["baseline"] == 3 and short["better"] == "higher"

@@ -3,14 +3,14 @@ its events at a steady rate (see :mod:`.autoscale` for why each)."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from relay.config import PROJECT_ROOT, RelayConfig
-from relay.errors import OperationError
+
+from .example_copy import copy_example
 
 EXAMPLE = PROJECT_ROOT / "examples" / "kafka_to_kafka"
 ROUNDS = 1000  # sha256 rounds an event costs on an executor (~0.3 ms here): see .autoscale's docstring
@@ -32,27 +32,19 @@ WORK = f"""    from pyspark.sql.functions import udf
 
 def package(root: Path, name: str, output: str) -> Path:
     """The example copied as the user's package, reading topic ``name`` and writing ``output``."""
-    dest = root / f"kafka_to_kafka_{name}"
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    code = dest / "pipeline.py"
-    text = code.read_text()
-    for old, new in (
-        (
-            PARSE,
-            WORK
-            + PARSE.replace(
-                "df.repartition(PARSE_TASKS)", "df.repartition(PARSE_TASKS).where(_work(F.col('value')) >= 0)"
-            ),
-        ),
+    heavier = WORK + PARSE.replace(
+        "df.repartition(PARSE_TASKS)", "df.repartition(PARSE_TASKS).where(_work(F.col('value')) >= 0)"
+    )
+    return copy_example(EXAMPLE, root / f"kafka_to_kafka_{name}", [(PARSE, heavier), *renamed(name, output)])
+
+
+def renamed(name: str, output: str) -> list[tuple[str, str]]:
+    """The example's lines that make it pipeline ``name`` on topic ``name`` writing ``output``."""
+    return [
         ('NAME = "kafka_to_kafka"', f'NAME = "{name}"'),
         ('TOPIC = "kafka_to_kafka"', f'TOPIC = "{name}"'),
         ('OUTPUT_TOPIC = "kafka_to_kafka_purchases"', f'OUTPUT_TOPIC = "{output}"'),
-    ):
-        if old not in text:
-            raise OperationError(f"examples/kafka_to_kafka no longer has {old!r}")
-        text = text.replace(old, new)
-    code.write_text(text)
-    return dest
+    ]
 
 
 class Events:

@@ -23,7 +23,7 @@ import multiprocessing
 import queue
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from relay.errors import OperationError
@@ -250,13 +250,15 @@ class Processes:
         continuous: bool = False,
         poll_ms: int = 1000,
         timeout_s: float = 600.0,
+        target: Callable[..., None] | None = None,
     ) -> None:
+        """``target(spec, ready, go, stop, out)``: what each child runs (None: the upsert baseline)."""
         ctx = multiprocessing.get_context("spawn")
         self.timeout_s = timeout_s
         self.ready, self.out, self.go, self.stop_event = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
         self.procs = [
             ctx.Process(
-                target=_child,
+                target=target or _child,
                 name=f"bench-{client}-{i}",
                 args=(
                     {

@@ -1,4 +1,5 @@
-"""Section ``latency``: how long a new row takes from its producer to a reader of the sink table.
+"""Section ``latency``: how long a new record takes from its producer to a reader of the sink (a
+table here; Kafka output read_committed in :mod:`.latency_kafka`).
 
 The example (examples/json_upsert at Relay's default read limit) deployed on its own topic and caught
 up on a small warm-up backlog; then a producer sends 1,000 records/s for 60 s (``--quick``: 20 s),
@@ -20,7 +21,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from relay.errors import OperationError, RelayError
@@ -65,14 +66,30 @@ def latency_stats(produced: int, seen: Iterable[tuple[float, float]]) -> dict[st
 
 
 # ------------------------------------------------------------------------------ producer, poller
-class PacedProducer(threading.Thread):
-    """``rate`` new-id records/s for ``seconds`` with kafka-python, each carrying its send time."""
+def upsert_record(ident: int, sent_at: float) -> tuple[bytes, bytes]:
+    """json_upsert's record: a new id whose ``score`` is its send time (read back from the table)."""
+    return str(ident).encode(), json.dumps({"id": ident, "name": f"lat{ident}", "score": sent_at}).encode()
 
-    def __init__(self, bootstrap: str, topic: str, rate: float, seconds: float, first_id: int) -> None:
+
+class PacedProducer(threading.Thread):
+    """``rate`` new-id records/s for ``seconds`` with kafka-python; ``sent_at`` keeps each id's send
+    time, ``encode`` makes the (key, value) of an id sent at a time."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        rate: float,
+        seconds: float,
+        first_id: int,
+        encode: Callable[[int, float], tuple[bytes, bytes]] = upsert_record,
+    ) -> None:
         super().__init__(name="bench-latency-producer", daemon=True)
         self.bootstrap, self.topic, self.rate, self.first_id = bootstrap, topic, rate, first_id
+        self.encode = encode
         self.count = int(rate * seconds)
         self.sent = 0
+        self.sent_at: dict[int, float] = {}
         self.max_behind_s = 0.0  # how far the sends fell behind their schedule
         self.errors: list[BaseException] = []
         self.stop_event = threading.Event()
@@ -92,11 +109,10 @@ class PacedProducer(threading.Thread):
                 if wait > 0 and self.stop_event.wait(wait):
                     break
                 self.max_behind_s = max(self.max_behind_s, -wait)
-                ident = self.first_id + i
-                value = json.dumps({"id": ident, "name": f"lat{ident}", "score": time.time()}).encode()
-                producer.send(self.topic, key=str(ident).encode(), value=value).add_errback(
-                    self.errors.append
-                )
+                ident, at = self.first_id + i, time.time()
+                key, value = self.encode(ident, at)
+                producer.send(self.topic, key=key, value=value).add_errback(self.errors.append)
+                self.sent_at[ident] = at
                 self.sent += 1
             producer.flush(60)
         except Exception as exc:  # noqa: BLE001
@@ -106,12 +122,12 @@ class PacedProducer(threading.Thread):
 
 
 class TablePoller(threading.Thread):
-    """Every ``POLL_S``: the rows of ids >= the lowest not seen yet; each id's first sighting."""
+    """Every ``POLL_S``: the ids >= the lowest not seen yet; ``seen``: each id's first sighting."""
 
     def __init__(self, url: str, first_id: int) -> None:
         super().__init__(name="bench-latency-poller", daemon=True)
         self.url, self.low = url, first_id
-        self.seen: dict[int, tuple[float, float]] = {}  # id -> (produced at, first seen at)
+        self.seen: dict[int, float] = {}  # id -> first seen at
         self.polls = 0
         self.errors: list[BaseException] = []
         self.stop_event = threading.Event()
@@ -129,14 +145,13 @@ class TablePoller(threading.Thread):
             t0, k = time.monotonic(), 0
             with conn.cursor() as cur:
                 while not self.stop_event.is_set():
-                    cur.execute(f"SELECT id, score FROM {TABLE} WHERE id >= %s", (self.low,))
+                    cur.execute(f"SELECT id FROM {TABLE} WHERE id >= %s", (self.low,))
                     rows = cur.fetchall()
                     # after the answer: a row it holds was visible by then (the time before the query
                     # can precede a produce when this thread stalls between the two: negative latency)
                     at = time.time()
-                    for ident, score in rows:
-                        if ident not in self.seen:
-                            self.seen[ident] = (float(score), at)
+                    for (ident,) in rows:
+                        self.seen.setdefault(ident, at)
                     while self.low in self.seen:
                         self.low += 1
                     self.polls += 1
@@ -148,27 +163,27 @@ class TablePoller(threading.Thread):
             conn.close()
 
 
-def measure(bootstrap: str, topic: str, url: str, seconds: float, progress: Any, who: str) -> dict[str, Any]:
-    """One window: the poller on ``url``, the paced producer on ``topic``, then the last rows."""
-    poller = TablePoller(url, FIRST_ID)
-    producer = PacedProducer(bootstrap, topic, RATE, seconds, FIRST_ID)
-    poller.start()
+def measure(producer: PacedProducer, reader: Any, seconds: float, progress: Any, who: str) -> dict[str, Any]:
+    """One window: ``reader`` (a thread with ``seen``: id -> first seen at, ``polls``, ``errors``,
+    ``stop_event``) started, then the paced ``producer``, then the last records."""
+    reader.start()
     try:
-        progress(f"latency: {who}: {producer.count:,} new ids at {RATE:,.0f}/s for {seconds:.0f}s")
+        progress(f"latency: {who}: {producer.count:,} new ids at {producer.rate:,.0f}/s for {seconds:.0f}s")
         producer.start()
         producer.join(seconds + 120)
         if producer.is_alive():
             producer.stop_event.set()
             producer.join(30)
-        drained = lambda: None if len(poller.seen) < producer.sent and poller.is_alive() else True  # noqa: E731
-        poll(drained, DRAIN_S, 0.1)  # the last rows, or what arrived by then (counted as unseen)
+        drained = lambda: None if len(reader.seen) < producer.sent and reader.is_alive() else True  # noqa: E731
+        poll(drained, DRAIN_S, 0.1)  # the last records, or what arrived by then (counted as unseen)
     finally:
-        poller.stop_event.set()
-        poller.join(30)
-    if producer.errors or poller.errors:
-        raise OperationError(f"latency: {who}: producer {producer.errors[:1]}, poller {poller.errors[:1]}")
-    stats = latency_stats(producer.sent, poller.seen.values())
-    stats.update(polls=poller.polls, producer_max_behind_s=producer.max_behind_s, seconds=seconds)
+        reader.stop_event.set()
+        reader.join(30)
+    if producer.errors or reader.errors:
+        raise OperationError(f"latency: {who}: producer {producer.errors[:1]}, reader {reader.errors[:1]}")
+    sent = producer.sent_at
+    stats = latency_stats(producer.sent, [(sent[i], at) for i, at in reader.seen.items() if i in sent])
+    stats.update(polls=reader.polls, producer_max_behind_s=producer.max_behind_s, seconds=seconds)
     progress(
         f"latency: {who}: seen {stats['seen']:,}/{stats['produced']:,}, "
         f"p50 {fmt_number(stats['p50_ms'])} ms, p99 {fmt_number(stats['p99_ms'])} ms, "
@@ -177,17 +192,45 @@ def measure(bootstrap: str, topic: str, url: str, seconds: float, progress: Any,
     return stats
 
 
+def measure_table(
+    bootstrap: str, topic: str, url: str, seconds: float, progress: Any, who: str
+) -> dict[str, Any]:
+    """One window on the upsert table at ``url``, new ids produced to ``topic``."""
+    producer = PacedProducer(bootstrap, topic, RATE, seconds, FIRST_ID)
+    return measure(producer, TablePoller(url, FIRST_ID), seconds, progress, who)
+
+
 # ---------------------------------------------------------------------------------- the section
-def latency_figures(relay: dict[str, Any], b2: dict[str, Any]) -> list[dict[str, Any]]:
-    who, base = "json_upsert, default limit", "b2 continuous"
-    figures = [
-        figure(f"{who}: produce -> row visible, {q}", relay[f"{q}_ms"], "ms", base, b2[f"{q}_ms"])
-        for q in ("p50", "p95", "p99", "max")
-    ]
-    figures += [
-        figure(f"{who}: new rows seen", relay["seen"], "rows", "produced", relay["produced"], "higher"),
-        figure(f"{base}: new rows seen", b2["seen"], "rows", "produced", b2["produced"], "higher"),
-    ]
+def latency_figures(
+    relay: dict[str, Any], b2: dict[str, Any], k2k: dict[str, Any], k2k_base: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Each half's percentiles against its hand-written baseline, and the counts seen."""
+    halves = (
+        ("json_upsert, default limit", "row visible", relay, "b2 continuous", b2),
+        (
+            "kafka_to_kafka, default limit",
+            "read_committed sees it",
+            k2k,
+            "confluent-kafka txn loop",
+            k2k_base,
+        ),
+    )
+    figures = []
+    for who, seen, stats, base, base_stats in halves:
+        figures += [
+            figure(f"{who}: produce -> {seen}, {q}", stats[f"{q}_ms"], "ms", base, base_stats[f"{q}_ms"])
+            for q in ("p50", "p95", "p99", "max")
+        ]
+    for who, stats in (("json_upsert", relay), ("b2 continuous", b2), ("kafka_to_kafka", k2k)):
+        figures.append(
+            figure(f"{who}: new records seen", stats["seen"], "rows", "produced", stats["produced"], "higher")
+        )
+    base = "confluent-kafka txn loop"
+    figures.append(
+        figure(
+            f"{base}: new records seen", k2k_base["seen"], "rows", "produced", k2k_base["produced"], "higher"
+        )
+    )
     return figures
 
 
@@ -196,6 +239,8 @@ def section_latency(ctx: Context) -> dict[str, Any]:
     from relay.ledger.engine import create_ledger
 
     from relay_dev.postgres_local import LocalPostgres
+
+    from .latency_kafka import baseline_kafka, relay_kafka  # it builds on this module
 
     cfg = ctx.config
     boot, seconds = cfg.kafka_bootstrap, QUICK_SECONDS if ctx.options.quick else SECONDS
@@ -217,23 +262,26 @@ def section_latency(ctx: Context) -> dict[str, Any]:
             _t0,
         ):
             wait_caught_up(rcfg, ctx.progress, 600.0, "latency warm-up")
-            relay = measure(boot, topics["relay"], urls["relay"], seconds, ctx.progress, "json_upsert")
+            relay = measure_table(boot, topics["relay"], urls["relay"], seconds, ctx.progress, "json_upsert")
         group = Processes("kafka-python", boot, topics["b2"], urls["b2"], [partitions], True, B2_POLL_MS)
         try:
             group.start()
-            b2 = measure(boot, topics["b2"], urls["b2"], seconds, ctx.progress, "b2 continuous")
+            b2 = measure_table(boot, topics["b2"], urls["b2"], seconds, ctx.progress, "b2 continuous")
             group.stop_event.set()
             b2["consumer"] = group.results()[0]
         finally:
             group.close()
+        k2k = relay_kafka(ctx, ledger_url, seconds)
     finally:
         with contextlib.suppress(RelayError):
             pg.stop()
-    for who, stats in (("json_upsert", relay), ("b2 continuous", b2)):
+    k2k_base = baseline_kafka(ctx, seconds)
+    halves = (("json_upsert", relay), ("b2 continuous", b2), ("kafka_to_kafka", k2k), ("txn loop", k2k_base))
+    for who, stats in halves:
         if stats["seen"] != stats["produced"]:
-            raise OperationError(f"latency: {who} showed {stats['seen']} of {stats['produced']} new rows")
+            raise OperationError(f"latency: {who} showed {stats['seen']} of {stats['produced']} new records")
     return {
-        "figures": latency_figures(relay, b2),
+        "figures": latency_figures(relay, b2, k2k, k2k_base),
         "details": {
             "rate": RATE,
             "seconds": seconds,
@@ -242,8 +290,11 @@ def section_latency(ctx: Context) -> dict[str, Any]:
             "relay": relay,
             "relay_instance_id": info.get("instance_id"),
             "b2": b2,
+            "kafka_to_kafka": k2k,
+            "kafka_baseline": k2k_base,
             "notes": [
                 "latency = answer of the table query that first returned the row - its produce time",
+                "kafka: the answer of the confluent-kafka read_committed poll that first returned it",
                 "producer paced to a schedule (record i at start + i/rate); producer_max_behind_s: its lag",
                 "Relay at the example's default read limit and trigger (nothing forced)",
             ],
