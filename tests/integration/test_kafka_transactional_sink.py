@@ -358,3 +358,61 @@ def test_bad_settings_and_values_fail_clearly(broker: str, names: tuple[str, str
     with pytest.raises(SinkError, match="no column 'v'"):
         write(sink, pipeline, 1, no_value)
     assert read_all(broker, topic) == Counter()
+
+
+def test_each_key_lands_where_the_java_client_puts_it(broker: str, names: tuple[str, str]) -> None:
+    """The sink picks each key's partition itself (hashed once per key): the same partition as
+    librdkafka's ``murmur2_random`` (the Java client's hash) gives the same key on the same topic
+    shape, read back by confluent-kafka; a key of None still goes where send() puts it."""
+    from confluent_kafka import Producer
+    from relay_dev.witness import read_committed
+
+    pipeline, topic = names
+    sink = make_sink(broker, topic, pipeline, partitions=5)
+    sink.fence_epoch(pipeline, 1, 1)
+    keyed = [dict(r, k=f"user-{r['offset'] % 97}") for r in rows(0, range(0, 300))]
+    unkeyed = [dict(r, k=None) for r in rows(1, range(0, 10))]
+    assert write(sink, pipeline, 1, keyed + unkeyed).rows_written == 310
+
+    reference = f"{topic}-reference"
+    sink_ref = KafkaTransactionalSink(broker, reference, key_column="k", value_column="v")
+    sink_ref.create_topic(5)
+    producer = Producer({"bootstrap.servers": broker, "partitioner": "murmur2_random"})
+    for r in keyed:
+        producer.produce(reference, value=r["v"], key=r["k"].encode())
+    assert producer.flush(30) == 0
+
+    def partitions_by_key(name: str) -> dict[bytes, set[int]]:
+        found: dict[bytes, set[int]] = {}
+        for rec in read_committed(broker, name, READ_TIMEOUT_S):
+            if rec.key is not None:
+                found.setdefault(rec.key, set()).add(rec.partition)
+        return found
+
+    written, java = partitions_by_key(topic), partitions_by_key(reference)
+    assert len(written) == 97 and written == java
+    assert len({p for ps in written.values() for p in ps}) == 5  # the keys spread over every partition
+    nulls = [rec for rec in read_committed(broker, topic, READ_TIMEOUT_S) if rec.key is None]
+    assert len(nulls) == 10
+
+
+def test_a_partitioner_of_the_users_is_left_to_send() -> None:
+    """With the user's own partitioner or key serializer, the sink passes no partition (None)."""
+
+    class Fake:
+        def __init__(self, config: dict[str, Any]) -> None:
+            self.config = config
+
+        def partitions_for(self, topic: str) -> set[int]:
+            return {0, 1, 2}
+
+    from kafka.partitioner.default import DefaultPartitioner
+
+    def own(key: bytes, all_partitions: list[int], available: list[int]) -> int:
+        return 0
+
+    default = {"partitioner": DefaultPartitioner(), "key_serializer": None}
+    assert kc.key_partitioner(Fake(default), "t")(b"k") in (0, 1, 2)
+    assert kc.key_partitioner(Fake(default), "t")(None) is None
+    assert kc.key_partitioner(Fake({**default, "partitioner": own}), "t")(b"k") is None
+    assert kc.key_partitioner(Fake({**default, "key_serializer": str.encode}), "t")(b"k") is None

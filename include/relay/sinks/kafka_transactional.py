@@ -312,9 +312,12 @@ class KafkaTransactionalSink:
         headers: Callable[[int], list[tuple[str, bytes]]],
     ) -> None:
         producer.begin_transaction()
+        part = kc.key_partitioner(producer, self.topic)
         futures = [
-            producer.send(self.topic, value=group[i][2], key=group[i][1], headers=headers(group[i][0]))
-            for i in plan.send
+            producer.send(
+                self.topic, value=row[2], key=row[1], headers=headers(row[0]), partition=part(row[1])
+            )
+            for row in (group[i] for i in plan.send)
         ]
         producer.flush(timeout=self.marker_wait_s)  # rows first: the marker's open window stays short
         failed = next((f for f in futures if f.failed()), None)
