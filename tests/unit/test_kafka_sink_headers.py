@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kafka import TopicPartition
+from kafka import KafkaProducer, TopicPartition
+from kafka.partitioner.default import DefaultPartitioner
 from relay.audit.sink_kafka import SOURCE_HEADER, WRITER_HEADER, parse_source, writer_instance
 from relay.sinks import kafka_markers as km
 from relay.sinks.base import TaskContext
@@ -22,6 +23,10 @@ class RecordingProducer:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.config = dict(KafkaProducer.DEFAULT_CONFIG, partitioner=DefaultPartitioner())
+
+    def partitions_for(self, topic: str) -> set[int]:
+        return {0, 1, 2}
 
     def begin_transaction(self) -> None:
         self.calls.append(("begin", {}))
@@ -49,6 +54,7 @@ def test_each_output_record_carries_its_source_position_and_writer_and_the_marke
 
     rows = [kw for topic, kw in producer.calls if topic == "purchases"]
     assert [(r["key"], r["value"]) for r in rows] == [(b"u1", b"a"), (None, b"b"), (b"u3", None)]
+    assert rows[0]["partition"] in (0, 1, 2) and rows[1]["partition"] is None  # no key: send() picks
     assert [r["headers"] for r in rows] == [
         [(SOURCE_HEADER, f"events:2:{o}".encode()), (WRITER_HEADER, b"7:3:12")] for o in (100, 103, 105)
     ]

@@ -45,8 +45,11 @@ RESERVED = frozenset(
 )
 _SECRET_HINTS = ("password", "secret", "token", "oauth", "ssl_context")
 _HOST_PORT = re.compile(r"^\[?[A-Za-z0-9._:-]+\]?:\d{1,5}$")
-# Throughput defaults (a task sends thousands of records): the user's client_config wins.
-_PRODUCER_DEFAULTS = {"linger_ms": 5, "batch_size": 256 * 1024, "max_block_ms": 60_000}
+# Throughput defaults (a task sends thousands of records): the user's client_config wins. Every
+# send of the sinks is followed by flush() or commit_transaction(), which send at once whatever
+# lingers: a long linger only stops the sender thread from shipping small batches during the send
+# loop (3,000 records in three transactions: 125 -> 92 ms against 5 ms, measured).
+_PRODUCER_DEFAULTS = {"linger_ms": 1000, "batch_size": 256 * 1024, "max_block_ms": 60_000}
 
 
 def _is_secret(name: str) -> bool:
