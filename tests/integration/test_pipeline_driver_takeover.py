@@ -151,6 +151,10 @@ def test_a_shuffled_batch_is_regrouped_into_no_more_tasks_than_slots_each_source
     ranges = {(SRC, p): (0, 40) for p in range(3)}
     out = whole_source_partitions(shuffled, ranges, narrow=False, slots=slots)
     assert out.rdd.getNumPartitions() == tasks
+    # one task: no regroup shuffle (the transform's last stage runs in the sink's task); more: by source
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    assert ("Coalesce 1" in plan) == (tasks == 1), plan
+    assert ("hashpartitioning(topic" in plan) == (tasks > 1), plan
     owner = out.rdd.mapPartitionsWithIndex(lambda i, rows: [(r.partition, i) for r in rows])
     held = owner.distinct().collect()
     by_source = {p: {i for q, i in held if q == p} for p in range(3)}

@@ -79,10 +79,14 @@ def whole_source_partitions(
     source columns (issue #29) into as many tasks as the batch has source partitions, or as the
     session has task ``slots`` when fewer: a task writes each of its source partitions in a
     transaction of its own, and more tasks than slots only queue, each paying a task's fixed cost
-    (~0.1 s on two slow cores; issue #31). The source shares tasks between partitions the same way."""
+    (~0.1 s on two slow cores; issue #31). The source shares tasks between partitions the same way.
+    One task (one slot, or one source partition) needs no shuffle: ``coalesce(1)`` runs the
+    transform's last stage in that task (its tasks would only have queued on the one slot)."""
     if not ranges or narrow:
         return df
     tasks = len(ranges) if not slots else max(1, min(len(ranges), slots))
+    if tasks == 1:  # one task holds them all: merge the transform's last stage into it, no second shuffle
+        return df.coalesce(1)
     return df.repartition(tasks, "topic", "partition")
 
 
